@@ -1,0 +1,126 @@
+#include "cli/client.h"
+
+#include "protocol/json_parse.h"
+#include "protocol/jsonrpc.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+namespace toolhost::cli {
+namespace json = boost::json;
+using Clock = std::chrono::steady_clock;
+
+boost::system::result<Client, ClientError> Client::connect(const std::filesystem::path& socket) {
+  if (socket.native().size() >= sizeof(sockaddr_un::sun_path)) {
+    return ClientError{ClientError::Kind::cannotConnect,
+                       "socket path " + socket.string() + " is too long for a Unix socket"};
+  }
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return ClientError{ClientError::Kind::cannotConnect, std::strerror(errno)};
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  std::memcpy(address.sun_path, socket.c_str(), socket.native().size());
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0) {
+    int error = errno;
+    ::close(fd);
+    std::string hint = error == ENOENT || error == ECONNREFUSED
+                           ? " (is toolhostd running? --socket or TOOLHOST_SOCKET names another path)"
+                           : "";
+    return ClientError{ClientError::Kind::cannotConnect,
+                       "cannot connect to " + socket.string() + ": " + std::strerror(error) + hint};
+  }
+  return Client(fd);
+}
+
+Client::Client(Client&& other) noexcept
+    : onNotification(std::move(other.onNotification)),
+      fd_(std::exchange(other.fd_, -1)),
+      buffer_(std::move(other.buffer_)),
+      nextId_(other.nextId_) {}
+
+Client::~Client() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+boost::system::result<void, ClientError> Client::sendLine(const std::string& line) {
+  std::size_t sent = 0;
+  while (sent < line.size()) {
+    ssize_t n = ::send(fd_, line.data() + sent, line.size() - sent, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      return ClientError{ClientError::Kind::connectionLost,
+                         std::string("the daemon closed the connection: ") + std::strerror(errno)};
+    }
+    sent += static_cast<std::size_t>(n);
+  }
+  return {};
+}
+
+boost::system::result<json::object, ClientError> Client::receive(std::chrono::milliseconds timeout) {
+  auto deadline = timeout == std::chrono::milliseconds::max() ? Clock::time_point::max()
+                                                              : Clock::now() + timeout;
+  for (;;) {
+    auto newline = buffer_.find('\n');
+    if (newline != std::string::npos) {
+      std::string line = buffer_.substr(0, newline);
+      buffer_.erase(0, newline + 1);
+      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+      auto parsed = protocol::parseJson(line, protocol::JsonParseLimits{100000});
+      if (!parsed || !parsed->is_object()) {
+        return ClientError{ClientError::Kind::badResponse, "the daemon sent something that is not "
+                                                           "a JSON object: " + line.substr(0, 200)};
+      }
+      return parsed->as_object();
+    }
+    int waitMs = -1;
+    if (deadline != Clock::time_point::max()) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+      if (left.count() <= 0) return ClientError{ClientError::Kind::timeout, "no answer in time"};
+      waitMs = static_cast<int>(std::min<std::int64_t>(left.count(), 1 << 30));
+    }
+    pollfd descriptor{fd_, POLLIN, 0};
+    int ready = ::poll(&descriptor, 1, waitMs);
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready == 0) return ClientError{ClientError::Kind::timeout, "no answer in time"};
+    char chunk[65536];
+    ssize_t n = ::recv(fd_, chunk, sizeof chunk, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      return ClientError{ClientError::Kind::connectionLost, "the daemon closed the connection"};
+    }
+    buffer_.append(chunk, static_cast<std::size_t>(n));
+  }
+}
+
+boost::system::result<json::object, ClientError> Client::call(const std::string& method,
+                                                               const json::value& params,
+                                                               std::chrono::milliseconds timeout) {
+  std::int64_t id = nextId_++;
+  json::object request{{"jsonrpc", "2.0"}, {"id", id}, {"method", method}};
+  if (!params.is_null()) request["params"] = params;
+  if (auto sent = sendLine(protocol::encodeLine(request)); !sent) {
+    // A refused peer is told why before the daemon closes; that message beats "broken pipe".
+    auto farewell = receive(std::chrono::milliseconds(500));
+    if (farewell && farewell->contains("error")) return *farewell;
+    return sent.error();
+  }
+  for (;;) {
+    auto message = receive(timeout);
+    if (!message) return message.error();
+    const auto* responseId = message->if_contains("id");
+    if (responseId == nullptr) {
+      if (onNotification) onNotification(*message);
+      continue;
+    }
+    // A refusal before any request (peer not allowed) arrives with id null.
+    if (responseId->is_null() && message->contains("error")) return *message;
+    if (responseId->is_int64() && responseId->get_int64() == id) return *message;
+  }
+}
+
+}  // namespace toolhost::cli

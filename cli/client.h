@@ -1,0 +1,47 @@
+// A blocking JSON-RPC client over the daemon's Unix socket, for toolhostctl. One thread.
+#pragma once
+
+#include <boost/json/value.hpp>
+#include <boost/system/result.hpp>
+
+#include <chrono>
+#include <filesystem>
+#include <functional>
+#include <string>
+
+namespace toolhost::cli {
+
+struct ClientError {
+  enum class Kind { cannotConnect, connectionLost, timeout, badResponse };
+  Kind kind;
+  std::string detail;
+};
+
+class Client {
+ public:
+  static boost::system::result<Client, ClientError> connect(const std::filesystem::path& socket);
+  Client(Client&& other) noexcept;
+  Client& operator=(Client&&) = delete;
+  ~Client();
+
+  // Sends one request and waits for its response (the whole response object). Notifications
+  // that arrive meanwhile go to `onNotification` if set.
+  boost::system::result<boost::json::object, ClientError> call(
+      const std::string& method, const boost::json::value& params,
+      std::chrono::milliseconds timeout = std::chrono::milliseconds::max());
+
+  // Waits for the next message of any kind.
+  boost::system::result<boost::json::object, ClientError> receive(std::chrono::milliseconds timeout);
+
+  std::function<void(const boost::json::object&)> onNotification;
+
+ private:
+  explicit Client(int fd) : fd_(fd) {}
+  boost::system::result<void, ClientError> sendLine(const std::string& line);
+
+  int fd_ = -1;
+  std::string buffer_;
+  std::int64_t nextId_ = 1;
+};
+
+}  // namespace toolhost::cli

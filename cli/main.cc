@@ -1,0 +1,175 @@
+// toolhostctl: talks to toolhostd over its Unix socket. Prints JSON; exit codes a script can rely
+// on: 0 result, 1 JSON-RPC error, 2 usage, 3 cannot connect (or the connection failed).
+
+#include "cli/client.h"
+#include "protocol/json_parse.h"
+#include "protocol/json_text.h"
+#include "protocol/socket_path.h"
+
+#include <CLI/CLI.hpp>
+#include <boost/json/serialize.hpp>
+#include <unistd.h>
+
+#include <cstdio>
+#include <iostream>
+#include <iterator>
+#include <string>
+
+namespace json = boost::json;
+using namespace toolhost;
+
+namespace {
+
+constexpr int kExitResult = 0;
+constexpr int kExitRpcError = 1;
+constexpr int kExitUsage = 2;
+constexpr int kExitConnect = 3;
+
+void pretty(std::string& out, const json::value& value, int indent) {
+  auto newline = [&](int level) {
+    out += '\n';
+    out.append(static_cast<std::size_t>(level) * 2, ' ');
+  };
+  if (const auto* object = value.if_object()) {
+    if (object->empty()) {
+      out += "{}";
+      return;
+    }
+    out += '{';
+    bool first = true;
+    for (const auto& [key, member] : *object) {
+      if (!first) out += ',';
+      first = false;
+      newline(indent + 1);
+      out += protocol::writeJson(json::string(key));
+      out += ": ";
+      pretty(out, member, indent + 1);
+    }
+    newline(indent);
+    out += '}';
+  } else if (const auto* array = value.if_array()) {
+    if (array->empty()) {
+      out += "[]";
+      return;
+    }
+    out += '[';
+    bool first = true;
+    for (const auto& item : *array) {
+      if (!first) out += ',';
+      first = false;
+      newline(indent + 1);
+      pretty(out, item, indent + 1);
+    }
+    newline(indent);
+    out += ']';
+  } else {
+    out += protocol::writeJson(value);
+  }
+}
+
+void print(const json::value& value, bool asPretty) {
+  std::string out;
+  if (asPretty) {
+    pretty(out, value, 0);
+  } else {
+    out = protocol::writeJson(value);
+  }
+  out += '\n';
+  std::fwrite(out.data(), 1, out.size(), stdout);
+}
+
+int callAndPrint(const std::filesystem::path& socket, const std::string& method,
+                 const json::value& params, bool asPretty, std::chrono::milliseconds timeout) {
+  auto client = cli::Client::connect(socket);
+  if (!client) {
+    std::fprintf(stderr, "toolhostctl: %s\n", client.error().detail.c_str());
+    return kExitConnect;
+  }
+  auto response = client->call(method, params, timeout);
+  if (!response) {
+    std::fprintf(stderr, "toolhostctl: %s\n", response.error().detail.c_str());
+    return kExitConnect;
+  }
+  if (const auto* error = response->if_contains("error")) {
+    print(*error, asPretty);
+    std::string message = "error";
+    if (const auto* data = error->as_object().if_contains("data")) {
+      if (const auto* detail = data->as_object().if_contains("detail"); detail && detail->is_string()) {
+        message = std::string(detail->get_string());
+      }
+    } else if (const auto* text = error->as_object().if_contains("message"); text && text->is_string()) {
+      message = std::string(text->get_string());
+    }
+    std::fprintf(stderr, "toolhostctl: %s\n", message.c_str());
+    return kExitRpcError;
+  }
+  const auto* result = response->if_contains("result");
+  print(result ? *result : json::value(nullptr), asPretty);
+  return kExitResult;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"toolhostctl: talk to toolhostd. Prints JSON. Exit codes: 0 result, 1 JSON-RPC "
+               "error, 2 usage, 3 cannot connect."};
+  app.require_subcommand(1);
+  std::string socketFlag;
+  bool compact = false;
+  bool forcePretty = false;
+  double timeoutSeconds = 0;
+  app.add_option("--socket", socketFlag,
+                 "the daemon's socket (else $TOOLHOST_SOCKET, else the default path)");
+  app.add_flag("--compact", compact, "print one line of JSON (the default when not a terminal)");
+  app.add_flag("--pretty", forcePretty, "print indented JSON (the default on a terminal)");
+  app.add_option("--timeout", timeoutSeconds, "seconds to wait for the answer (default: no limit)")
+      ->check(CLI::NonNegativeNumber);
+
+  auto* ping = app.add_subcommand("ping", "check that the daemon answers");
+  auto* info = app.add_subcommand("info", "version, V8 version, uptime, your roles, limits");
+  auto* health = app.add_subcommand("health", "whether the daemon and its parts work");
+  auto* discover = app.add_subcommand("discover", "the OpenRPC document of every method");
+  auto* call = app.add_subcommand("call", "call any method: call METHOD [PARAMS_JSON | -]");
+  std::string method;
+  std::string paramsText;
+  call->add_option("method", method, "method name, e.g. tools.list")->required();
+  call->add_option("params", paramsText, "params as a JSON object, or - to read them from stdin");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& error) {
+    int code = app.exit(error);
+    return code == 0 ? 0 : kExitUsage;
+  }
+  bool asPretty = forcePretty || (!compact && ::isatty(STDOUT_FILENO));
+  auto socket = protocol::chooseSocketPath(socketFlag);
+  auto timeout = timeoutSeconds > 0
+                     ? std::chrono::milliseconds(static_cast<std::int64_t>(timeoutSeconds * 1000))
+                     : std::chrono::milliseconds::max();
+
+  if (*ping) return callAndPrint(socket, "ping", nullptr, asPretty, timeout);
+  if (*info) return callAndPrint(socket, "daemon.info", nullptr, asPretty, timeout);
+  if (*health) return callAndPrint(socket, "daemon.health", nullptr, asPretty, timeout);
+  if (*discover) return callAndPrint(socket, "rpc.discover", nullptr, asPretty, timeout);
+  if (*call) {
+    json::value params = nullptr;
+    if (paramsText == "-") {
+      paramsText.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
+    }
+    if (!paramsText.empty()) {
+      auto parsed = protocol::parseJson(paramsText);
+      if (!parsed) {
+        std::fprintf(stderr, "toolhostctl: PARAMS_JSON is not valid JSON: %s\n",
+                     parsed.error().detail.c_str());
+        return kExitUsage;
+      }
+      if (!parsed->is_object() && !parsed->is_array()) {
+        std::fprintf(stderr, "toolhostctl: PARAMS_JSON must be a JSON object (or array)\n");
+        return kExitUsage;
+      }
+      params = std::move(*parsed);
+    }
+    return callAndPrint(socket, method, params, asPretty, timeout);
+  }
+  return kExitUsage;
+}

@@ -1,0 +1,253 @@
+#include "daemon/config.h"
+
+#include "protocol/socket_path.h"
+
+#include <grp.h>
+#include <pwd.h>
+#include <unistd.h>
+
+#include <toml++/toml.h>
+
+#include <array>
+#include <cstdlib>
+#include <sstream>
+
+namespace toolhost::daemon {
+namespace fs = std::filesystem;
+
+namespace {
+
+std::optional<std::string> env(const char* name) {
+  const char* value = std::getenv(name);
+  if (value == nullptr || *value == '\0') return std::nullopt;
+  return std::string(value);
+}
+
+std::optional<uid_t> lookupUser(const std::string& name) {
+  std::array<char, 16384> buffer{};
+  passwd entry{};
+  passwd* found = nullptr;
+  if (getpwnam_r(name.c_str(), &entry, buffer.data(), buffer.size(), &found) != 0 || !found) {
+    return std::nullopt;
+  }
+  return found->pw_uid;
+}
+
+std::optional<gid_t> lookupGroup(const std::string& name) {
+  std::array<char, 16384> buffer{};
+  group entry{};
+  group* found = nullptr;
+  if (getgrnam_r(name.c_str(), &entry, buffer.data(), buffer.size(), &found) != 0 || !found) {
+    return std::nullopt;
+  }
+  return found->gr_gid;
+}
+
+std::string where(const toml::node& node, const std::string& key) {
+  std::ostringstream out;
+  out << key << " (line " << node.source().begin.line << ")";
+  return out.str();
+}
+
+using Result = boost::system::result<Config, ConfigError>;
+
+ConfigError fail(const std::string& file, std::string detail) {
+  return ConfigError{file + ": " + std::move(detail)};
+}
+
+// Reads a positive integer within [low, high] if present.
+template <typename T>
+std::optional<ConfigError> readCount(const toml::table& table, const std::string& file,
+                                     const char* section, const char* key, T& out,
+                                     std::int64_t low, std::int64_t high) {
+  const toml::node* node = table[section][key].node();
+  if (node == nullptr) return std::nullopt;
+  auto value = node->value<std::int64_t>();
+  std::string name = std::string(section) + "." + key;
+  if (!value || *value < low || *value > high) {
+    return fail(file, where(*node, name) + " must be an integer from " + std::to_string(low) +
+                          " to " + std::to_string(high));
+  }
+  out = static_cast<T>(*value);
+  return std::nullopt;
+}
+
+std::optional<ConfigError> readAccess(const toml::table& table, const std::string& file,
+                                      AccessRules& access) {
+  const toml::node* node = table.get("access");
+  if (node == nullptr) return std::nullopt;
+  const toml::array* rules = node->as_array();
+  if (rules == nullptr) {
+    return fail(file, where(*node, "access") + " must be an array of tables ([[access]])");
+  }
+  for (const toml::node& item : *rules) {
+    const toml::table* rule = item.as_table();
+    if (rule == nullptr) return fail(file, where(item, "access") + " entries must be tables");
+    AccessRule parsed;
+    if (auto user = (*rule)["user"].value<std::string>()) {
+      parsed.uid = lookupUser(*user);
+      if (!parsed.uid) return fail(file, where(item, "access.user") + ": no user \"" + *user + "\"");
+    } else if (auto uid = (*rule)["uid"].value<std::int64_t>()) {
+      parsed.uid = static_cast<uid_t>(*uid);
+    }
+    if (auto groupName = (*rule)["group"].value<std::string>()) {
+      parsed.gid = lookupGroup(*groupName);
+      if (!parsed.gid) {
+        return fail(file, where(item, "access.group") + ": no group \"" + *groupName + "\"");
+      }
+    } else if (auto gid = (*rule)["gid"].value<std::int64_t>()) {
+      parsed.gid = static_cast<gid_t>(*gid);
+    }
+    if (!parsed.uid && !parsed.gid) {
+      return fail(file, where(item, "access") + " needs one of user, uid, group or gid");
+    }
+    const toml::array* roles = (*rule)["roles"].as_array();
+    if (roles == nullptr || roles->empty()) {
+      return fail(file, where(item, "access.roles") +
+                            " must list roles: admin, agent, approver, host");
+    }
+    for (const toml::node& roleNode : *roles) {
+      auto name = roleNode.value<std::string>();
+      auto role = name ? parseRole(*name) : std::nullopt;
+      if (!role) {
+        return fail(file, where(roleNode, "access.roles") +
+                              ": unknown role; use admin, agent, approver or host");
+      }
+      parsed.roles.add(*role);
+    }
+    access.addRule(parsed);
+  }
+  return std::nullopt;
+}
+
+std::optional<LogFormat> parseLogFormat(const std::string& name) {
+  if (name == "auto") return LogFormat::automatic;
+  if (name == "text") return LogFormat::text;
+  if (name == "json") return LogFormat::json;
+  return std::nullopt;
+}
+
+bool validLogLevel(const std::string& level) {
+  for (const char* known : {"trace", "debug", "info", "warn", "error", "critical", "off"}) {
+    if (level == known) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+fs::path defaultSocketPath() { return protocol::defaultSocketPath(); }
+
+fs::path defaultStateDir() {
+  if (auto systemd = env("STATE_DIRECTORY")) {
+    // systemd may pass several, separated by ':'; the first is ours.
+    return fs::path(systemd->substr(0, systemd->find(':')));
+  }
+  if (geteuid() == 0) return "/var/lib/toolhost";
+  if (auto state = env("XDG_STATE_HOME")) return fs::path(*state) / "toolhost";
+  if (auto home = env("HOME")) return fs::path(*home) / ".local/state/toolhost";
+  return fs::path("/tmp") / ("toolhost-" + std::to_string(geteuid())) / "state";
+}
+
+Result loadConfig(const CommandLine& commandLine) {
+  Config config;
+  config.access = AccessRules::defaultFor(geteuid());
+  std::optional<fs::path> configSocket;
+  std::optional<fs::path> configState;
+
+  if (commandLine.configFile) {
+    const std::string file = commandLine.configFile->string();
+    config.configFile = *commandLine.configFile;
+    toml::table table;
+    try {
+      table = toml::parse_file(file);
+    } catch (const toml::parse_error& error) {
+      std::ostringstream out;
+      out << file << ":" << error.source().begin.line << ": " << error.description();
+      return ConfigError{out.str()};
+    }
+    static const std::array<const char*, 6> kSections{"server", "state", "store", "limits",
+                                                      "log",    "access"};
+    for (const auto& [key, value] : table) {
+      bool known = false;
+      for (const char* section : kSections) known = known || key.str() == section;
+      // Sections of later subsystems are read by them; unknown top-level keys are typos.
+      for (const char* later : {"runtime", "fetch", "policy", "secrets", "storage", "popup"}) {
+        known = known || key.str() == later;
+      }
+      if (!known) return fail(file, where(value, std::string(key.str())) + " is not a known section");
+    }
+    if (auto socket = table["server"]["socket"].value<std::string>()) configSocket = *socket;
+    if (auto groupName = table["server"]["socket_group"].value<std::string>()) {
+      config.socketGroup = lookupGroup(*groupName);
+      if (!config.socketGroup) return fail(file, "server.socket_group: no group \"" + *groupName + "\"");
+    }
+    if (auto dir = table["state"]["dir"].value<std::string>()) configState = *dir;
+    std::int64_t graceMs = config.shutdownGrace.count();
+    for (auto error : {
+             readCount(table, file, "server", "io_threads", config.ioThreads, 1, 64),
+             readCount(table, file, "server", "shutdown_grace_ms", graceMs, 0, 600000),
+             readCount(table, file, "store", "map_size_mb", config.mapSizeMb, 1, 1 << 20),
+             readCount(table, file, "limits", "max_message_bytes", config.limits.maxMessageBytes,
+                       1024, std::int64_t{1} << 30),
+             readCount(table, file, "limits", "max_depth", config.limits.maxDepth, 2, 10000),
+             readCount(table, file, "limits", "max_batch", config.limits.maxBatch, 1, 100000),
+             readCount(table, file, "limits", "max_in_flight", config.limits.maxInFlight, 1,
+                       100000),
+         }) {
+      if (error) return *error;
+    }
+    config.shutdownGrace = std::chrono::milliseconds(graceMs);
+    if (auto level = table["log"]["level"].value<std::string>()) {
+      if (!validLogLevel(*level)) {
+        return fail(file, "log.level must be trace, debug, info, warn, error, critical or off");
+      }
+      config.logLevel = *level;
+    }
+    if (auto format = table["log"]["format"].value<std::string>()) {
+      auto parsed = parseLogFormat(*format);
+      if (!parsed) return fail(file, "log.format must be auto, text or json");
+      config.logFormat = *parsed;
+    }
+    if (table.contains("access")) {
+      // Listing access rules replaces the default; the daemon's own uid stays admin so the
+      // operator can never lock themselves out.
+      config.access = AccessRules::defaultFor(geteuid());
+      if (auto error = readAccess(table, file, config.access)) return *error;
+    }
+  }
+
+  if (commandLine.socketPath) {
+    config.socketPath = *commandLine.socketPath;
+  } else if (auto socket = env("TOOLHOST_SOCKET")) {
+    config.socketPath = *socket;
+  } else if (configSocket) {
+    config.socketPath = *configSocket;
+  } else {
+    config.socketPath = defaultSocketPath();
+  }
+  config.stateDir = commandLine.stateDir ? *commandLine.stateDir
+                    : configState        ? *configState
+                                         : defaultStateDir();
+  if (commandLine.logLevel) {
+    if (!validLogLevel(*commandLine.logLevel)) {
+      return ConfigError{"--log-level must be trace, debug, info, warn, error, critical or off"};
+    }
+    config.logLevel = *commandLine.logLevel;
+  }
+  if (commandLine.logFormat) {
+    auto parsed = parseLogFormat(*commandLine.logFormat);
+    if (!parsed) return ConfigError{"--log-format must be auto, text or json"};
+    config.logFormat = *parsed;
+  }
+  if (config.socketPath.native().size() > kMaxSocketPathBytes) {
+    return ConfigError{"socket path " + config.socketPath.string() + " is " +
+                       std::to_string(config.socketPath.native().size()) +
+                       " bytes; a Unix socket path may be at most " +
+                       std::to_string(kMaxSocketPathBytes) + " bytes"};
+  }
+  if (config.socketPath.empty()) return ConfigError{"the socket path is empty"};
+  return config;
+}
+
+}  // namespace toolhost::daemon

@@ -1,0 +1,61 @@
+// The daemon's configuration: defaults, then the TOML file, then command-line flags. Built once
+// on the main thread at start-up (and again on reload); read-only afterwards.
+#pragma once
+
+#include "daemon/roles.h"
+#include "protocol/jsonrpc.h"
+
+#include <boost/system/result.hpp>
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstddef>
+#include <filesystem>
+#include <optional>
+#include <string>
+
+namespace toolhost::daemon {
+
+enum class LogFormat { automatic, text, json };
+
+struct Config {
+  std::filesystem::path socketPath;
+  std::optional<gid_t> socketGroup;  // socket mode 0660 with this group, else 0600
+  std::filesystem::path stateDir;
+  std::size_t mapSizeMb = 1024;
+  unsigned ioThreads = 2;
+  std::chrono::milliseconds shutdownGrace{10000};
+  protocol::WireLimits limits;
+  std::string logLevel = "info";
+  LogFormat logFormat = LogFormat::automatic;
+  AccessRules access;
+  std::optional<std::filesystem::path> configFile;
+};
+
+// Values given on the command line; they win over the file.
+struct CommandLine {
+  std::optional<std::filesystem::path> socketPath;
+  std::optional<std::filesystem::path> stateDir;
+  std::optional<std::filesystem::path> configFile;
+  std::optional<std::string> logLevel;
+  std::optional<std::string> logFormat;
+};
+
+struct ConfigError {
+  std::string detail;  // names the file, the key and what is wrong
+};
+
+// Socket path when neither flag, config nor TOOLHOST_SOCKET names one: /run/toolhost/toolhost.sock
+// for root, $XDG_RUNTIME_DIR/toolhost/toolhost.sock, else /tmp/toolhost-<uid>/toolhost.sock.
+std::filesystem::path defaultSocketPath();
+// State directory when none is given: $STATE_DIRECTORY (systemd), /var/lib/toolhost for root,
+// $XDG_STATE_HOME/toolhost, else ~/.local/state/toolhost.
+std::filesystem::path defaultStateDir();
+
+boost::system::result<Config, ConfigError> loadConfig(const CommandLine& commandLine);
+
+// The longest path a Unix socket address can hold (sun_path minus its terminating NUL).
+inline constexpr std::size_t kMaxSocketPathBytes = 107;
+
+}  // namespace toolhost::daemon

@@ -1,0 +1,85 @@
+#include "daemon/logging.h"
+
+#include <spdlog/pattern_formatter.h>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/sinks/stdout_sinks.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <ctime>
+
+namespace toolhost::daemon {
+
+namespace {
+
+// One JSON object per line: {"time":"...","level":"info","thread":N,"msg":"..."}.
+class JsonFormatter final : public spdlog::formatter {
+ public:
+  void format(const spdlog::details::log_msg& msg, spdlog::memory_buf_t& dest) override {
+    using namespace std::chrono;
+    auto since = msg.time.time_since_epoch();
+    auto seconds = duration_cast<std::chrono::seconds>(since);
+    auto millis = duration_cast<milliseconds>(since - seconds).count();
+    std::time_t t = seconds.count();
+    std::tm tm{};
+    gmtime_r(&t, &tm);
+    char stamp[40];
+    std::size_t n = std::strftime(stamp, sizeof stamp, "%Y-%m-%dT%H:%M:%S", &tm);
+    std::snprintf(stamp + n, sizeof stamp - n, ".%03dZ", static_cast<int>(millis));
+    append(dest, R"({"time":")");
+    append(dest, stamp);
+    append(dest, R"(","level":")");
+    auto level = spdlog::level::to_string_view(msg.level);
+    dest.append(level.data(), level.data() + level.size());
+    append(dest, R"(","thread":)");
+    append(dest, std::to_string(msg.thread_id));
+    append(dest, R"(,"msg":")");
+    escape(dest, std::string_view(msg.payload.data(), msg.payload.size()));
+    append(dest, "\"}\n");
+  }
+  std::unique_ptr<spdlog::formatter> clone() const override {
+    return std::make_unique<JsonFormatter>();
+  }
+
+ private:
+  static void append(spdlog::memory_buf_t& dest, std::string_view text) {
+    dest.append(text.data(), text.data() + text.size());
+  }
+  static void escape(spdlog::memory_buf_t& dest, std::string_view text) {
+    static constexpr char kHex[] = "0123456789abcdef";
+    for (char c : text) {
+      auto u = static_cast<unsigned char>(c);
+      if (c == '"' || c == '\\') {
+        dest.push_back('\\');
+        dest.push_back(c);
+      } else if (u < 0x20) {
+        char esc[6] = {'\\', 'u', '0', '0', kHex[u >> 4], kHex[u & 15]};
+        dest.append(esc, esc + 6);
+      } else {
+        dest.push_back(c);
+      }
+    }
+  }
+};
+
+}  // namespace
+
+void setupLogging(const std::string& level, LogFormat format) {
+  bool json = format == LogFormat::json || (format == LogFormat::automatic && !isatty(STDERR_FILENO));
+  std::shared_ptr<spdlog::logger> logger;
+  if (json) {
+    logger = spdlog::stderr_logger_mt("toolhost");
+    logger->set_formatter(std::make_unique<JsonFormatter>());
+  } else {
+    logger = spdlog::stderr_color_mt("toolhost");
+    logger->set_pattern("%Y-%m-%d %H:%M:%S.%e %^%-5l%$ %v");
+  }
+  spdlog::set_default_logger(logger);
+  setLogLevel(level);
+  spdlog::flush_on(spdlog::level::info);
+}
+
+void setLogLevel(const std::string& level) { spdlog::set_level(spdlog::level::from_str(level)); }
+
+}  // namespace toolhost::daemon

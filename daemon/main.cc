@@ -1,0 +1,148 @@
+// toolhostd: builds the daemon's parts in order (V8 platform, store, registry, policy, runtime,
+// server), passes references down, runs the I/O threads, and shuts down cleanly on a signal.
+
+#include "daemon/config.h"
+#include "daemon/dispatcher.h"
+#include "daemon/logging.h"
+#include "daemon/meta_methods.h"
+#include "daemon/method_table.h"
+#include "daemon/server.h"
+#include "runtime/v8_platform.h"
+#include "store/store.h"
+
+#include <CLI/CLI.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <spdlog/spdlog.h>
+#include <sys/stat.h>
+
+#include <csignal>
+#include <cstdio>
+#include <thread>
+#include <vector>
+
+#ifndef TOOLHOST_VERSION
+#define TOOLHOST_VERSION "0.0.0"
+#endif
+
+namespace asio = boost::asio;
+using namespace toolhost;
+
+namespace {
+
+int run(const daemon::Config& config) {
+  std::error_code ec;
+  std::filesystem::create_directories(config.stateDir, ec);
+  if (ec) {
+    spdlog::critical("cannot create the state directory {}: {}", config.stateDir.string(), ec.message());
+    return 1;
+  }
+  ::chmod(config.stateDir.c_str(), 0700);
+
+  runtime::V8Platform v8;
+
+  store::Options storeOptions;
+  storeOptions.stateDir = config.stateDir;
+  storeOptions.mapSizeMb = config.mapSizeMb;
+  auto opened = store::Store::open(storeOptions);
+  if (!opened) {
+    spdlog::critical("{}", opened.error().message);
+    return 1;
+  }
+  store::Store& store = **opened;
+
+  daemon::DaemonFacts facts;
+  facts.version = TOOLHOST_VERSION;
+  facts.config = &config;
+  facts.healthChecks.push_back(daemon::HealthCheck{"store", [&store] {
+    auto stats = store.stats();
+    if (!stats) return boost::json::object{{"ok", false}, {"detail", store.describe(stats.error())}};
+    return boost::json::object{{"ok", true},
+                               {"usedBytes", stats->usedBytes},
+                               {"mapSizeBytes", stats->mapSizeBytes},
+                               {"schemaVersion", stats->schemaVersion}};
+  }});
+
+  daemon::MethodTable methods;
+  daemon::registerMetaMethods(methods, facts);
+  daemon::Dispatcher dispatcher(methods);
+
+  asio::io_context io(static_cast<int>(config.ioThreads));
+  daemon::Server server(io, config, dispatcher);
+  facts.connectionCount = [&server] { return server.connectionCount(); };
+  if (auto listening = server.listen(); !listening) {
+    spdlog::critical("{}", listening.error().detail);
+    return 1;
+  }
+
+  asio::signal_set signals(io, SIGINT, SIGTERM);
+  bool stopping = false;
+  std::function<void(const boost::system::error_code&, int)> onSignal;
+  onSignal = [&](const boost::system::error_code& error, int number) {
+    if (error) return;
+    if (stopping) {
+      spdlog::warn("second signal ({}); exiting now", number);
+      io.stop();
+      return;
+    }
+    stopping = true;
+    spdlog::info("signal {}: no new connections; finishing requests in flight (up to {} ms)",
+                 number, config.shutdownGrace.count());
+    asio::co_spawn(io, server.shutdown(config.shutdownGrace), [&io](std::exception_ptr) {
+      spdlog::info("stopped");
+      io.stop();
+    });
+    signals.async_wait(onSignal);
+  };
+  signals.async_wait(onSignal);
+
+  server.start();
+  spdlog::info("toolhostd {} listening on {} (state in {}, V8 {})", facts.version,
+               config.socketPath.string(), config.stateDir.string(), runtime::v8Version());
+
+  std::vector<std::thread> threads;
+  for (unsigned i = 1; i < config.ioThreads; ++i) threads.emplace_back([&io] { io.run(); });
+  io.run();
+  for (auto& thread : threads) thread.join();
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"toolhostd: hosts the tools AI agents call, over JSON-RPC 2.0 on a Unix socket"};
+  daemon::CommandLine commandLine;
+  std::string socket, stateDir, configFile, logLevel, logFormat;
+  app.add_option("--socket", socket, "Unix socket path (else $TOOLHOST_SOCKET, the config, or the default)");
+  app.add_option("--state-dir", stateDir, "state directory (LMDB and keys)");
+  app.add_option("--config", configFile, "TOML configuration file")->check(CLI::ExistingFile);
+  app.add_option("--log-level", logLevel, "trace, debug, info, warn, error, critical or off");
+  app.add_option("--log-format", logFormat, "auto (text on a terminal, else JSON lines), text or json");
+  app.set_version_flag("--version", std::string("toolhostd ") + TOOLHOST_VERSION);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& error) {
+    return app.exit(error) == 0 ? 0 : 2;
+  }
+  if (!socket.empty()) commandLine.socketPath = socket;
+  if (!stateDir.empty()) commandLine.stateDir = stateDir;
+  if (!configFile.empty()) commandLine.configFile = configFile;
+  if (!logLevel.empty()) commandLine.logLevel = logLevel;
+  if (!logFormat.empty()) commandLine.logFormat = logFormat;
+
+  auto config = daemon::loadConfig(commandLine);
+  if (!config) {
+    std::fprintf(stderr, "toolhostd: %s\n", config.error().detail.c_str());
+    return 2;
+  }
+  daemon::setupLogging(config->logLevel, config->logFormat);
+  std::signal(SIGPIPE, SIG_IGN);
+  try {
+    return run(*config);
+  } catch (const std::exception& error) {
+    spdlog::critical("fatal: {}", error.what());
+    return 1;
+  }
+}

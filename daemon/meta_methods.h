@@ -1,0 +1,36 @@
+// The meta family: rpc.discover, ping, daemon.info, daemon.health. Registered on the main thread.
+#pragma once
+
+#include "daemon/config.h"
+#include "daemon/method_table.h"
+
+#include <boost/json/object.hpp>
+
+#include <chrono>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace toolhost::daemon {
+
+// A named health check: returns {ok: bool, ...details}. Called on an I/O thread.
+struct HealthCheck {
+  std::string name;
+  std::function<boost::json::object()> check;
+};
+
+struct DaemonFacts {
+  std::string version;
+  std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
+  std::chrono::system_clock::time_point startedWall = std::chrono::system_clock::now();
+  const Config* config = nullptr;
+  std::function<std::size_t()> connectionCount;
+  std::vector<HealthCheck> healthChecks;
+};
+
+void registerMetaMethods(MethodTable& methods, const DaemonFacts& facts);
+
+// RFC 3339 UTC with milliseconds.
+std::string formatTime(std::chrono::system_clock::time_point time);
+
+}  // namespace toolhost::daemon

@@ -1,0 +1,276 @@
+#include "daemon/server.h"
+
+#include "daemon/errors.h"
+#include "protocol/jsonrpc.h"
+
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/write.hpp>
+#include <spdlog/spdlog.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+namespace toolhost::daemon {
+namespace asio = boost::asio;
+namespace fs = std::filesystem;
+using stream_protocol = asio::local::stream_protocol;
+
+namespace {
+
+std::string errnoText(int error) { return std::strerror(error); }
+
+// Connects to `path`; true when something is listening there.
+bool somebodyListens(const fs::path& path, int& error) {
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    error = errno;
+    return false;
+  }
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  std::memcpy(address.sun_path, path.c_str(), path.native().size());
+  int rc = ::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address);
+  error = rc == 0 ? 0 : errno;
+  ::close(fd);
+  return rc == 0;
+}
+
+void logIfThrew(const char* what, std::exception_ptr error) {
+  if (!error) return;
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::exception& e) {
+    spdlog::error("{} ended with an exception: {}", what, e.what());
+  }
+}
+
+}  // namespace
+
+Server::Server(asio::io_context& io, const Config& config, Dispatcher& dispatcher)
+    : io_(io),
+      config_(config),
+      dispatcher_(dispatcher),
+      acceptStrand_(asio::make_strand(io)),
+      acceptor_(acceptStrand_) {}
+
+Server::~Server() { unlinkSocket(); }
+
+boost::system::result<void, ServerError> Server::listen() {
+  const fs::path& path = config_.socketPath;
+  if (path.native().size() > kMaxSocketPathBytes) {
+    return ServerError{"socket path " + path.string() + " is longer than " +
+                       std::to_string(kMaxSocketPathBytes) + " bytes"};
+  }
+  fs::path parent = path.parent_path();
+  if (!parent.empty() && !fs::exists(parent)) {
+    std::error_code ec;
+    fs::create_directories(parent, ec);
+    if (ec) return ServerError{"cannot create " + parent.string() + ": " + ec.message()};
+    // Only the owner (and the socket's group, if configured) may reach the socket.
+    ::chmod(parent.c_str(), config_.socketGroup ? 0710 : 0700);
+    if (config_.socketGroup) {
+      if (::chown(parent.c_str(), static_cast<uid_t>(-1), *config_.socketGroup) != 0) {
+        return ServerError{"cannot give " + parent.string() + " to the socket group: " +
+                           errnoText(errno)};
+      }
+    }
+  }
+
+  struct stat existing {};
+  if (::lstat(path.c_str(), &existing) == 0) {
+    if (!S_ISSOCK(existing.st_mode)) {
+      return ServerError{path.string() + " exists and is not a socket; refusing to replace it"};
+    }
+    int error = 0;
+    if (somebodyListens(path, error)) {
+      return ServerError{"another daemon is already listening on " + path.string()};
+    }
+    if (error != ECONNREFUSED && error != ENOENT) {
+      return ServerError{"cannot tell whether " + path.string() + " is in use: " + errnoText(error)};
+    }
+    if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
+      return ServerError{"cannot remove the stale socket " + path.string() + ": " +
+                         errnoText(errno)};
+    }
+    spdlog::info("replaced a stale socket at {}", path.string());
+  }
+
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) return ServerError{"cannot create a socket: " + errnoText(errno)};
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  std::memcpy(address.sun_path, path.c_str(), path.native().size());
+  // The socket file is created 0600 from the start: no window in which others could connect.
+  mode_t previous = ::umask(0177);
+  int rc = ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address);
+  int bindError = errno;
+  ::umask(previous);
+  if (rc != 0) {
+    ::close(fd);
+    return ServerError{"cannot bind " + path.string() + ": " + errnoText(bindError)};
+  }
+  if (config_.socketGroup) {
+    if (::chown(path.c_str(), static_cast<uid_t>(-1), *config_.socketGroup) != 0 ||
+        ::chmod(path.c_str(), 0660) != 0) {
+      int error = errno;
+      ::close(fd);
+      ::unlink(path.c_str());
+      return ServerError{"cannot give the socket to its group: " + errnoText(error)};
+    }
+  }
+  struct stat created {};
+  ::stat(path.c_str(), &created);
+  socketDevice_ = created.st_dev;
+  socketInode_ = created.st_ino;
+  ownsSocketFile_ = true;
+  if (::listen(fd, SOMAXCONN) != 0) {
+    int error = errno;
+    ::close(fd);
+    unlinkSocket();
+    return ServerError{"cannot listen on " + path.string() + ": " + errnoText(error)};
+  }
+  return adopt(fd);
+}
+
+boost::system::result<void, ServerError> Server::adopt(int listeningFd) {
+  boost::system::error_code ec;
+  acceptor_.assign(stream_protocol(), listeningFd, ec);
+  if (ec) return ServerError{"cannot use the listening socket: " + ec.message()};
+  return {};
+}
+
+void Server::start() {
+  asio::co_spawn(acceptStrand_, acceptLoop(), [](std::exception_ptr e) { logIfThrew("accept loop", e); });
+}
+
+void Server::unlinkSocket() {
+  if (!ownsSocketFile_) return;
+  ownsSocketFile_ = false;
+  // Only remove the file if it is still the one we created.
+  struct stat current {};
+  if (::lstat(config_.socketPath.c_str(), &current) == 0 && current.st_dev == socketDevice_ &&
+      current.st_ino == socketInode_) {
+    ::unlink(config_.socketPath.c_str());
+  }
+}
+
+asio::awaitable<void> Server::acceptLoop() {
+  asio::steady_timer backoff(acceptStrand_);
+  for (;;) {
+    auto [ec, socket] = co_await acceptor_.async_accept(asio::make_strand(io_),
+                                                        asio::as_tuple(asio::use_awaitable));
+    if (ec == asio::error::operation_aborted || !acceptor_.is_open()) co_return;
+    if (ec) {
+      // Out of descriptors and the like: wait a little rather than spin.
+      spdlog::warn("accept failed: {}", ec.message());
+      backoff.expires_after(std::chrono::milliseconds(100));
+      co_await backoff.async_wait(asio::as_tuple(asio::use_awaitable));
+      continue;
+    }
+    startSession(std::move(socket));
+  }
+}
+
+void Server::startSession(stream_protocol::socket socket) {
+  std::uint64_t id = nextId_++;
+  ucred credentials{};
+  socklen_t length = sizeof credentials;
+  if (::getsockopt(socket.native_handle(), SOL_SOCKET, SO_PEERCRED, &credentials, &length) != 0) {
+    spdlog::warn("conn={} no peer credentials: {}; closing", id, errnoText(errno));
+    return;
+  }
+  PeerCredentials peer{credentials.pid, credentials.uid, credentials.gid};
+  RoleSet roles = config_.access.rolesFor(peer);
+  if (roles.empty()) {
+    spdlog::warn("conn={} refused uid={} gid={} pid={}: no access rule allows it", id, peer.uid,
+                 peer.gid, peer.pid);
+    auto error = protocol::RpcError{app_error::kUnauthorized,
+                                    std::string(app_error::message(app_error::kUnauthorized)),
+                                    "peer-refused",
+                                    "uid " + std::to_string(peer.uid) +
+                                        " may not use this daemon; an [[access]] rule in its "
+                                        "config can allow it"};
+    auto line = std::make_shared<std::string>(
+        protocol::encodeLine(protocol::errorResponse(nullptr, error)));
+    auto owned = std::make_shared<stream_protocol::socket>(std::move(socket));
+    asio::async_write(*owned, asio::buffer(*line),
+                      [owned, line](const boost::system::error_code&, std::size_t) {
+                        boost::system::error_code ignored;
+                        owned->shutdown(stream_protocol::socket::shutdown_both, ignored);
+                        owned->close(ignored);
+                      });
+    return;
+  }
+  spdlog::debug("conn={} open uid={} gid={} pid={} roles={}", id, peer.uid, peer.gid, peer.pid,
+                fmt::join(roles.names(), ","));
+  auto session = std::make_shared<Session>(std::move(socket), id, peer, roles, dispatcher_,
+                                           config_.limits);
+  {
+    std::lock_guard lock(mutex_);
+    sessions_.emplace(id, session);
+  }
+  auto executor = session->executor();
+  asio::co_spawn(executor, session->run(), [this, id, session](std::exception_ptr e) {
+    logIfThrew("session", e);
+    removeSession(id);
+  });
+}
+
+void Server::removeSession(std::uint64_t id) {
+  std::lock_guard lock(mutex_);
+  sessions_.erase(id);
+}
+
+std::size_t Server::connectionCount() const {
+  std::lock_guard lock(mutex_);
+  return sessions_.size();
+}
+
+asio::awaitable<void> Server::shutdown(std::chrono::milliseconds grace) {
+  asio::post(acceptStrand_, [this] {
+    boost::system::error_code ignored;
+    acceptor_.close(ignored);
+    unlinkSocket();
+  });
+  std::vector<std::shared_ptr<Session>> live;
+  {
+    std::lock_guard lock(mutex_);
+    for (auto& [id, weak] : sessions_) {
+      if (auto session = weak.lock()) live.push_back(std::move(session));
+    }
+  }
+  for (auto& session : live) session->beginShutdown();
+  live.clear();
+  asio::steady_timer timer(co_await asio::this_coro::executor);
+  auto deadline = std::chrono::steady_clock::now() + grace;
+  bool aborted = false;
+  for (;;) {
+    if (connectionCount() == 0) break;
+    if (aborted && std::chrono::steady_clock::now() >= deadline + std::chrono::seconds(2)) {
+      spdlog::error("{} connection(s) did not end after being cancelled; exiting anyway",
+                    connectionCount());
+      break;
+    }
+    if (!aborted && std::chrono::steady_clock::now() >= deadline) {
+      aborted = true;
+      std::lock_guard lock(mutex_);
+      spdlog::warn("shutdown grace period over; cancelling requests on {} connection(s)",
+                   sessions_.size());
+      for (auto& [id, weak] : sessions_) {
+        if (auto session = weak.lock()) session->abort();
+      }
+    }
+    timer.expires_after(std::chrono::milliseconds(20));
+    co_await timer.async_wait(asio::as_tuple(asio::use_awaitable));
+  }
+}
+
+}  // namespace toolhost::daemon

@@ -1,0 +1,68 @@
+// The Unix-socket server: binds the socket (stale-socket replacement, modes, group), accepts
+// connections, maps each peer's SO_PEERCRED credentials to roles, and runs one Session per
+// connection on its own strand. Shutdown stops accepting and lets sessions finish within a grace
+// period. Created on the main thread; its coroutines run on the io_context's threads.
+#pragma once
+
+#include "daemon/config.h"
+#include "daemon/dispatcher.h"
+#include "daemon/session.h"
+
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/local/stream_protocol.hpp>
+#include <boost/asio/strand.hpp>
+#include <boost/system/result.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+namespace toolhost::daemon {
+
+struct ServerError {
+  std::string detail;
+};
+
+class Server {
+ public:
+  Server(boost::asio::io_context& io, const Config& config, Dispatcher& dispatcher);
+  ~Server();
+
+  // Binds and listens, or says clearly why not. Main thread, before the io_context runs.
+  boost::system::result<void, ServerError> listen();
+  // Adopts an already listening socket (systemd socket activation).
+  boost::system::result<void, ServerError> adopt(int listeningFd);
+  void start();
+
+  // Stops accepting, lets sessions finish what is in flight for up to `grace`, then aborts the
+  // rest. Completes when every session has ended.
+  boost::asio::awaitable<void> shutdown(std::chrono::milliseconds grace);
+
+  std::size_t connectionCount() const;
+  std::uint64_t connectionsAccepted() const { return nextId_.load() - 1; }
+  const std::filesystem::path& socketPath() const { return config_.socketPath; }
+
+ private:
+  boost::asio::awaitable<void> acceptLoop();
+  void startSession(boost::asio::local::stream_protocol::socket socket);
+  void removeSession(std::uint64_t id);
+  void unlinkSocket();
+
+  boost::asio::io_context& io_;
+  const Config& config_;
+  Dispatcher& dispatcher_;
+  boost::asio::strand<boost::asio::io_context::executor_type> acceptStrand_;
+  boost::asio::local::stream_protocol::acceptor acceptor_;
+  bool ownsSocketFile_ = false;
+  dev_t socketDevice_ = 0;
+  ino_t socketInode_ = 0;
+  std::atomic<std::uint64_t> nextId_{1};
+  mutable std::mutex mutex_;
+  std::map<std::uint64_t, std::weak_ptr<Session>> sessions_;
+};
+
+}  // namespace toolhost::daemon

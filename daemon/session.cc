@@ -1,0 +1,309 @@
+#include "daemon/session.h"
+
+#include "daemon/errors.h"
+#include "protocol/json_text.h"
+
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/bind_cancellation_slot.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/write.hpp>
+#include <poll.h>
+#include <spdlog/spdlog.h>
+
+namespace toolhost::daemon {
+namespace asio = boost::asio;
+namespace json = boost::json;
+using asio::use_awaitable;
+
+namespace {
+constexpr std::size_t kReadChunk = 64 * 1024;
+constexpr std::size_t kWriteGatherBytes = 256 * 1024;
+// Notifications beyond this many queued bytes mean the client has stopped reading.
+constexpr std::size_t kMaxQueuedNotificationBytes = 64 * 1024 * 1024;
+constexpr auto as_tuple_awaitable = asio::as_tuple(use_awaitable);
+
+void logIfThrew(std::uint64_t connection, const char* what, std::exception_ptr error) {
+  if (!error) return;
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::exception& e) {
+    spdlog::error("conn={} {} ended with an exception: {}", connection, what, e.what());
+  }
+}
+}  // namespace
+
+Session::Session(Socket socket, std::uint64_t id, PeerCredentials peer, RoleSet roles,
+                 Dispatcher& dispatcher, const protocol::WireLimits& limits)
+    : socket_(std::move(socket)),
+      id_(id),
+      peer_(peer),
+      roles_(roles),
+      dispatcher_(dispatcher),
+      limits_(limits),
+      framer_(limits.maxMessageBytes),
+      wake_(socket_.get_executor()),
+      writeWake_(socket_.get_executor()) {}
+
+asio::awaitable<void> Session::run() {
+  auto self = shared_from_this();
+  asio::co_spawn(socket_.get_executor(), writeLoop(self),
+                 [id = id_](std::exception_ptr e) { logIfThrew(id, "writer", e); });
+  co_await readLoop();
+  // Answer what is in flight (unless the client is gone), then close.
+  while (!peerGone_ && (inFlight_ > 0 || !queue_.empty() || writing_)) co_await waitForWake();
+  if (peerGone_) cancelAll();
+  while (!requests_.empty()) co_await waitForWake();
+  boost::system::error_code ignored;
+  socket_.shutdown(Socket::shutdown_both, ignored);
+  socket_.close(ignored);
+  writeWake_.cancel();
+  spdlog::debug("conn={} closed", id_);
+}
+
+asio::awaitable<void> Session::waitForWake() {
+  wake_.expires_at(asio::steady_timer::time_point::max());
+  co_await wake_.async_wait(as_tuple_awaitable);
+}
+
+void Session::wake() { wake_.cancel(); }
+
+asio::awaitable<void> Session::readLoop() {
+  for (;;) {
+    std::string_view line;
+    for (;;) {
+      auto status = framer_.next(line);
+      if (status == protocol::LineFramer::Status::needMore) break;
+      if (status == protocol::LineFramer::Status::tooLong) {
+        auto error = protocol::makeError(
+            protocol::rpc_error::kInvalidRequest, "limit-exceeded",
+            "a message is longer than the limit of " + std::to_string(limits_.maxMessageBytes) +
+                " bytes; the connection is closed");
+        spdlog::warn("conn={} message over {} bytes; closing", id_, limits_.maxMessageBytes);
+        enqueue(protocol::encodeLine(protocol::errorResponse(nullptr, error)), 0);
+        stopReading_ = true;
+        co_return;
+      }
+      while (inFlight_ >= limits_.maxInFlight && !stopReading_ && !peerGone_) {
+        co_await waitForWake();  // backpressure: nothing more is read until a slot frees
+      }
+      if (stopReading_ || peerGone_) co_return;
+      handleLine(line);
+    }
+    if (stopReading_ || peerGone_) co_return;
+    auto space = framer_.prepare(kReadChunk);
+    auto [ec, n] = co_await socket_.async_read_some(asio::buffer(space.data(), space.size()),
+                                                    as_tuple_awaitable);
+    framer_.commit(n);
+    if (ec) {
+      if (ec == asio::error::eof && !stopReading_) {
+        // A last line without its newline still counts.
+        if (framer_.buffered() > 0) {
+          framer_.append("\n");
+          stopReading_ = true;  // serve what is buffered, then stop
+          std::string_view last;
+          while (framer_.next(last) == protocol::LineFramer::Status::line) {
+            while (inFlight_ >= limits_.maxInFlight && !peerGone_) co_await waitForWake();
+            if (peerGone_) break;
+            handleLine(last);
+          }
+        }
+        // EOF with POLLHUP: the client closed, not just its sending half.
+        if (peerHungUp()) peerGone();
+      } else if (ec != asio::error::eof && ec != asio::error::operation_aborted) {
+        spdlog::debug("conn={} read failed: {}", id_, ec.message());
+        peerGone();
+      }
+      stopReading_ = true;
+      co_return;
+    }
+  }
+}
+
+bool Session::peerHungUp() const {
+  pollfd descriptor{const_cast<Socket&>(socket_).native_handle(), 0, 0};
+  return ::poll(&descriptor, 1, 0) == 1 && (descriptor.revents & (POLLHUP | POLLERR)) != 0;
+}
+
+void Session::handleLine(std::string_view line) {
+  auto decoded = protocol::decodeMessage(line, limits_);
+  if (!decoded) {
+    spdlog::warn("conn={} {} ({})", id_, decoded.error().detail, decoded.error().kind);
+    ++inFlight_;
+    enqueue(protocol::encodeLine(protocol::errorResponse(nullptr, decoded.error())), 1);
+    return;
+  }
+  ++inFlight_;
+  if (!decoded->batch) {
+    auto& entry = decoded->entries.front();
+    if (auto* invalid = std::get_if<protocol::InvalidEntry>(&entry)) {
+      spdlog::warn("conn={} invalid request: {}", id_, invalid->error.detail);
+      enqueue(protocol::encodeLine(protocol::errorResponse(invalid->id, invalid->error)), 1);
+      return;
+    }
+    spawnRequest(std::move(std::get<protocol::Request>(entry)), nullptr, 0);
+    return;
+  }
+  auto batch = std::make_shared<BatchState>();
+  batch->responses.resize(decoded->entries.size());
+  batch->remaining = decoded->entries.size();
+  for (std::size_t i = 0; i < decoded->entries.size(); ++i) {
+    auto& entry = decoded->entries[i];
+    if (auto* invalid = std::get_if<protocol::InvalidEntry>(&entry)) {
+      batch->responses[i] = protocol::errorResponse(invalid->id, invalid->error);
+      --batch->remaining;
+    } else {
+      spawnRequest(std::move(std::get<protocol::Request>(entry)), batch, i);
+    }
+  }
+  if (batch->remaining == 0) finishBatch(*batch);
+}
+
+void Session::spawnRequest(protocol::Request request, std::shared_ptr<BatchState> batch,
+                           std::size_t index) {
+  auto key = nextRequestKey_++;
+  auto signal = std::make_shared<asio::cancellation_signal>();
+  requests_.emplace(key, signal);
+  asio::co_spawn(socket_.get_executor(),
+                 serveRequest(shared_from_this(), std::move(request), std::move(batch), index, key),
+                 asio::bind_cancellation_slot(signal->slot(), [id = id_](std::exception_ptr e) {
+                   logIfThrew(id, "request", e);
+                 }));
+}
+
+asio::awaitable<void> Session::serveRequest(std::shared_ptr<Session> self, protocol::Request request,
+                                            std::shared_ptr<BatchState> batch, std::size_t index,
+                                            std::uint64_t key) {
+  CallContext context;
+  context.connectionId = id_;
+  context.requestId = request.id ? protocol::writeJson(*request.id) : "-";
+  context.peer = peer_;
+  context.roles = roles_;
+  context.session = self;
+  auto response = co_await dispatcher_.serve(context, std::move(request));
+  requests_.erase(key);
+  if (batch) {
+    if (response) batch->responses[index] = std::move(*response);
+    if (--batch->remaining == 0) finishBatch(*batch);
+  } else if (response && !peerGone_) {
+    enqueue(protocol::encodeLine(*response), 1);
+  } else {
+    releaseSlots(1);
+  }
+  wake();
+}
+
+void Session::finishBatch(BatchState& batch) {
+  json::array responses;
+  for (auto& response : batch.responses) {
+    if (response) responses.push_back(std::move(*response));
+  }
+  // A batch of notifications only is answered with nothing at all.
+  if (responses.empty() || peerGone_) {
+    releaseSlots(1);
+    return;
+  }
+  enqueue(protocol::encodeLine(responses), 1);
+}
+
+void Session::enqueue(std::string bytes, std::size_t slots) {
+  if (peerGone_) {
+    releaseSlots(slots);
+    return;
+  }
+  queuedBytes_ += bytes.size();
+  queue_.push_back(Outgoing{std::move(bytes), slots});
+  writeWake_.cancel();
+}
+
+void Session::releaseSlots(std::size_t slots) {
+  inFlight_ -= std::min(slots, inFlight_);
+  wake();
+}
+
+asio::awaitable<void> Session::writeLoop([[maybe_unused]] std::shared_ptr<Session> self) {
+  std::vector<Outgoing> sending;
+  std::vector<asio::const_buffer> buffers;
+  for (;;) {
+    while (queue_.empty()) {
+      if (!socket_.is_open() || peerGone_) co_return;
+      if (stopReading_ && inFlight_ == 0 && requests_.empty()) {
+        wake();  // let run() see the drained queue
+      }
+      writeWake_.expires_at(asio::steady_timer::time_point::max());
+      co_await writeWake_.async_wait(as_tuple_awaitable);
+    }
+    sending.clear();
+    buffers.clear();
+    std::size_t total = 0;
+    while (!queue_.empty() && (sending.empty() || total < kWriteGatherBytes)) {
+      total += queue_.front().bytes.size();
+      sending.push_back(std::move(queue_.front()));
+      queue_.pop_front();
+    }
+    for (const auto& item : sending) buffers.emplace_back(asio::buffer(item.bytes));
+    writing_ = true;
+    auto [ec, n] = co_await asio::async_write(socket_, buffers, as_tuple_awaitable);
+    writing_ = false;
+    queuedBytes_ -= total;
+    std::size_t slots = 0;
+    for (const auto& item : sending) slots += item.slots;
+    releaseSlots(slots);
+    if (ec) {
+      spdlog::debug("conn={} write failed: {}", id_, ec.message());
+      peerGone();
+      co_return;
+    }
+  }
+}
+
+void Session::cancelAll() {
+  for (auto& [key, signal] : requests_) signal->emit(asio::cancellation_type::terminal);
+}
+
+void Session::peerGone() {
+  if (peerGone_) return;
+  peerGone_ = true;
+  stopReading_ = true;
+  if (!requests_.empty()) {
+    spdlog::debug("conn={} client gone; cancelling {} request(s)", id_, requests_.size());
+  }
+  cancelAll();
+  for (auto& item : queue_) inFlight_ -= std::min(item.slots, inFlight_);
+  queue_.clear();
+  queuedBytes_ = 0;
+  boost::system::error_code ignored;
+  socket_.cancel(ignored);
+  writeWake_.cancel();
+  wake();
+}
+
+void Session::notify(json::object message) {
+  asio::post(socket_.get_executor(), [self = shared_from_this(), message = std::move(message)]() {
+    if (self->peerGone_ || !self->socket_.is_open()) return;
+    if (self->queuedBytes_ > kMaxQueuedNotificationBytes) {
+      spdlog::warn("conn={} is not reading its notifications; disconnecting", self->id_);
+      self->peerGone();
+      return;
+    }
+    self->enqueue(protocol::encodeLine(message), 0);
+  });
+}
+
+void Session::beginShutdown() {
+  asio::post(socket_.get_executor(), [self = shared_from_this()]() {
+    if (self->stopReading_) return;
+    self->stopReading_ = true;
+    boost::system::error_code ignored;
+    // Ends the pending read with EOF while writes continue.
+    self->socket_.shutdown(Socket::shutdown_receive, ignored);
+    self->wake();
+  });
+}
+
+void Session::abort() {
+  asio::post(socket_.get_executor(), [self = shared_from_this()]() { self->peerGone(); });
+}
+
+}  // namespace toolhost::daemon

@@ -1,0 +1,98 @@
+// One client connection. Everything in a Session runs on its own strand: one reader coroutine
+// that frames and decodes lines, one coroutine per request, and one writer that drains a bounded
+// outgoing queue. Public members marked thread-safe post onto that strand.
+#pragma once
+
+#include "daemon/dispatcher.h"
+#include "daemon/roles.h"
+#include "protocol/framing.h"
+#include "protocol/jsonrpc.h"
+
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/cancellation_signal.hpp>
+#include <boost/asio/local/stream_protocol.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/json/object.hpp>
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace toolhost::daemon {
+
+class Session : public std::enable_shared_from_this<Session> {
+ public:
+  using Socket = boost::asio::local::stream_protocol::socket;
+
+  Session(Socket socket, std::uint64_t id, PeerCredentials peer, RoleSet roles,
+          Dispatcher& dispatcher, const protocol::WireLimits& limits);
+
+  // Serves the connection until it ends. Must be spawned on the socket's executor (a strand).
+  boost::asio::awaitable<void> run();
+
+  // Sends a server-to-client notification. Thread-safe. A client that stops reading while
+  // notifications pile up beyond a bound is disconnected.
+  void notify(boost::json::object message);
+  // Stops reading new requests; the connection closes once those in flight are answered.
+  // Thread-safe.
+  void beginShutdown();
+  // Cancels everything in flight and closes now. Thread-safe.
+  void abort();
+
+  std::uint64_t id() const { return id_; }
+  Socket::executor_type executor() { return socket_.get_executor(); }
+  const PeerCredentials& peer() const { return peer_; }
+  RoleSet roles() const { return roles_; }
+
+ private:
+  struct BatchState {
+    std::vector<std::optional<boost::json::value>> responses;
+    std::size_t remaining = 0;
+  };
+  struct Outgoing {
+    std::string bytes;
+    std::size_t slots = 0;  // in-flight slots released once written
+  };
+
+  boost::asio::awaitable<void> readLoop();
+  boost::asio::awaitable<void> writeLoop(std::shared_ptr<Session> self);
+  boost::asio::awaitable<void> serveRequest(std::shared_ptr<Session> self, protocol::Request request,
+                                            std::shared_ptr<BatchState> batch, std::size_t index,
+                                            std::uint64_t key);
+  boost::asio::awaitable<void> waitForWake();
+
+  void handleLine(std::string_view line);
+  void spawnRequest(protocol::Request request, std::shared_ptr<BatchState> batch, std::size_t index);
+  void finishBatch(BatchState& batch);
+  void enqueue(std::string bytes, std::size_t slots);
+  void releaseSlots(std::size_t slots);
+  void wake();
+  void cancelAll();
+  void peerGone();
+  bool peerHungUp() const;
+
+  Socket socket_;
+  std::uint64_t id_;
+  PeerCredentials peer_;
+  RoleSet roles_;
+  Dispatcher& dispatcher_;
+  protocol::WireLimits limits_;
+  protocol::LineFramer framer_;
+
+  std::size_t inFlight_ = 0;
+  bool stopReading_ = false;  // shutdown, over-long line, or EOF
+  bool peerGone_ = false;     // the client is gone: cancel, never write again
+  bool writing_ = false;
+  boost::asio::steady_timer wake_;       // reader/drain waiting for a slot or the queue
+  boost::asio::steady_timer writeWake_;  // writer waiting for output
+  std::deque<Outgoing> queue_;
+  std::size_t queuedBytes_ = 0;
+  std::uint64_t nextRequestKey_ = 1;
+  std::map<std::uint64_t, std::shared_ptr<boost::asio::cancellation_signal>> requests_;
+};
+
+}  // namespace toolhost::daemon

@@ -1,0 +1,56 @@
+#include "protocol/framing.h"
+
+#include <cstring>
+
+namespace toolhost::protocol {
+
+void LineFramer::compact() {
+  if (start_ == 0) return;
+  buffer_.erase(0, start_);
+  start_ = 0;
+}
+
+std::span<char> LineFramer::prepare(std::size_t bytes) {
+  if (start_ > 0 && start_ >= buffer_.size() / 2) compact();
+  filled_ = buffer_.size();
+  buffer_.resize(filled_ + bytes);
+  return {buffer_.data() + filled_, bytes};
+}
+
+void LineFramer::commit(std::size_t bytes) { buffer_.resize(filled_ + bytes); }
+
+void LineFramer::append(std::string_view bytes) {
+  auto space = prepare(bytes.size());
+  std::memcpy(space.data(), bytes.data(), bytes.size());
+  commit(bytes.size());
+}
+
+LineFramer::Status LineFramer::next(std::string_view& line) {
+  for (;;) {
+    const char* begin = buffer_.data() + start_;
+    std::size_t available = buffer_.size() - start_;
+    const void* found = scanned_ < available
+                            ? std::memchr(begin + scanned_, '\n', available - scanned_)
+                            : nullptr;
+    if (found == nullptr) {
+      scanned_ = available;
+      if (available > maxLineBytes_) return Status::tooLong;
+      if (available == 0) {
+        buffer_.clear();
+        start_ = 0;
+      }
+      return Status::needMore;
+    }
+    std::size_t length = static_cast<const char*>(found) - begin;
+    start_ += length + 1;
+    scanned_ = 0;
+    if (length > 0 && begin[length - 1] == '\r') --length;
+    if (length > maxLineBytes_) return Status::tooLong;
+    std::string_view candidate(begin, length);
+    if (candidate.find_first_not_of(" \t\r") == std::string_view::npos) continue;
+    line = candidate;
+    return Status::line;
+  }
+}
+
+}  // namespace toolhost::protocol

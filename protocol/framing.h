@@ -1,0 +1,42 @@
+// NDJSON framing: splits a byte stream into lines without ever holding more than one line's limit
+// (plus one read) in memory. One framer per connection; not thread-safe.
+#pragma once
+
+#include <cstddef>
+#include <span>
+#include <string>
+#include <string_view>
+
+namespace toolhost::protocol {
+
+class LineFramer {
+ public:
+  explicit LineFramer(std::size_t maxLineBytes) : maxLineBytes_(maxLineBytes) {}
+
+  // Space to receive into, then how much of it was filled.
+  std::span<char> prepare(std::size_t bytes);
+  void commit(std::size_t bytes);
+  void append(std::string_view bytes);
+
+  enum class Status {
+    line,      // `line` holds the next message, without its "\n" (and a trailing "\r")
+    needMore,  // no complete line yet
+    tooLong    // the current line exceeds the limit; the stream cannot be resynchronized
+  };
+  // Blank lines are skipped. The view stays valid until the next call to any member.
+  Status next(std::string_view& line);
+
+  std::size_t maxLineBytes() const { return maxLineBytes_; }
+  std::size_t buffered() const { return buffer_.size() - start_; }
+
+ private:
+  void compact();
+
+  std::size_t maxLineBytes_;
+  std::string buffer_;
+  std::size_t start_ = 0;    // first byte not yet returned
+  std::size_t scanned_ = 0;  // bytes after start_ already known to hold no newline
+  std::size_t filled_ = 0;   // buffer_ size before the last prepare()
+};
+
+}  // namespace toolhost::protocol

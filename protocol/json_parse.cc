@@ -1,0 +1,222 @@
+#include "protocol/json_parse.h"
+
+#include <boost/json/basic_parser_impl.hpp>
+#include <boost/json/value_stack.hpp>
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <vector>
+
+namespace toolhost::protocol {
+namespace json = boost::json;
+
+namespace {
+
+// Marks the handler's own refusals so they can be told apart from Boost.JSON's syntax errors.
+enum class HandlerFailure { none, duplicateKey, numberOutOfRange };
+
+class StrictHandler {
+ public:
+  static constexpr std::size_t max_object_size = json::object::max_size();
+  static constexpr std::size_t max_array_size = json::array::max_size();
+  static constexpr std::size_t max_key_size = json::string::max_size();
+  static constexpr std::size_t max_string_size = json::string::max_size();
+
+  json::value_stack stack;
+  HandlerFailure failure = HandlerFailure::none;
+  std::string failureDetail;
+
+  bool on_document_begin(json::error_code&) { return true; }
+  bool on_document_end(json::error_code&) { return true; }
+
+  bool on_object_begin(json::error_code&) {
+    keys_.emplace_back();
+    return true;
+  }
+  bool on_object_end(std::size_t n, json::error_code& ec) {
+    auto& keys = keys_.back();
+    if (keys.size() > 1) {
+      std::sort(keys.begin(), keys.end());
+      auto dup = std::adjacent_find(keys.begin(), keys.end());
+      if (dup != keys.end()) {
+        return fail(ec, HandlerFailure::duplicateKey, "duplicate object key \"" + *dup + "\"");
+      }
+    }
+    keys_.pop_back();
+    stack.push_object(n);
+    return true;
+  }
+  bool on_array_begin(json::error_code&) { return true; }
+  bool on_array_end(std::size_t n, json::error_code&) {
+    stack.push_array(n);
+    return true;
+  }
+  bool on_key_part(json::string_view s, std::size_t, json::error_code&) {
+    stack.push_chars(s);
+    key_.append(s.data(), s.size());
+    return true;
+  }
+  bool on_key(json::string_view s, std::size_t, json::error_code&) {
+    stack.push_key(s);
+    key_.append(s.data(), s.size());
+    keys_.back().push_back(std::move(key_));
+    key_.clear();
+    return true;
+  }
+  bool on_string_part(json::string_view s, std::size_t, json::error_code&) {
+    stack.push_chars(s);
+    return true;
+  }
+  bool on_string(json::string_view s, std::size_t, json::error_code&) {
+    stack.push_string(s);
+    return true;
+  }
+  bool on_number_part(json::string_view s, json::error_code&) {
+    number_.append(s.data(), s.size());
+    return true;
+  }
+  bool on_int64(std::int64_t i, json::string_view, json::error_code&) {
+    number_.clear();
+    stack.push_int64(i);
+    return true;
+  }
+  bool on_uint64(std::uint64_t u, json::string_view, json::error_code&) {
+    number_.clear();
+    stack.push_uint64(u);
+    return true;
+  }
+  bool on_double(double, json::string_view s, json::error_code& ec) {
+    number_.append(s.data(), s.size());
+    double exact = 0;
+    auto result = std::from_chars(number_.data(), number_.data() + number_.size(), exact);
+    if (result.ec == std::errc::result_out_of_range && isUnderflow(number_)) {
+      exact = number_.front() == '-' ? -0.0 : 0.0;
+    } else if (result.ec != std::errc{} || !std::isfinite(exact)) {
+      return fail(ec, HandlerFailure::numberOutOfRange,
+                  "number " + abbreviate(number_) + " is outside the range of a double");
+    }
+    number_.clear();
+    stack.push_double(exact);
+    return true;
+  }
+  bool on_bool(bool b, json::error_code&) {
+    stack.push_bool(b);
+    return true;
+  }
+  bool on_null(json::error_code&) {
+    stack.push_null();
+    return true;
+  }
+  bool on_comment_part(json::string_view, json::error_code&) { return true; }
+  bool on_comment(json::string_view, json::error_code&) { return true; }
+
+ private:
+  bool fail(json::error_code& ec, HandlerFailure failure_kind, std::string detail) {
+    failure = failure_kind;
+    failureDetail = std::move(detail);
+    ec = json::error::extra_data;  // any error stops the parser; the kind is kept above
+    return false;
+  }
+  // A magnitude below the smallest subnormal rounds to zero, as every JSON reader does. Told apart
+  // from overflow by the decimal exponent of the first significant digit, not by the sign of the
+  // written exponent: "1000...0e-1" overflows and "0.000...01" underflows. `text` is a valid JSON
+  // number whose magnitude is below 1e-323 or above 1e308, so the sign of that exponent decides.
+  static bool isUnderflow(const std::string& text) {
+    std::size_t i = text.front() == '-' ? 1 : 0;
+    long long integerDigits = 0;
+    long long digitIndex = 0;
+    long long firstSignificant = -1;
+    bool inFraction = false;
+    for (; i < text.size() && text[i] != 'e' && text[i] != 'E'; ++i) {
+      if (text[i] == '.') {
+        inFraction = true;
+        continue;
+      }
+      if (firstSignificant < 0 && text[i] != '0') firstSignificant = digitIndex;
+      ++digitIndex;
+      if (!inFraction) ++integerDigits;
+    }
+    if (firstSignificant < 0) return true;  // zero never leaves the range; harmless either way
+    long long exponent = 0;
+    if (i < text.size()) {
+      ++i;
+      bool negative = false;
+      if (i < text.size() && (text[i] == '+' || text[i] == '-')) negative = text[i++] == '-';
+      // Boost.JSON refuses exponents beyond INT_MAX before we get here; saturate anyway.
+      for (; i < text.size(); ++i) exponent = std::min(exponent * 10 + (text[i] - '0'), 1LL << 40);
+      if (negative) exponent = -exponent;
+    }
+    return integerDigits - 1 - firstSignificant + exponent < 0;
+  }
+  static std::string abbreviate(const std::string& text) {
+    return text.size() <= 40 ? text : text.substr(0, 37) + "...";
+  }
+
+  std::vector<std::vector<std::string>> keys_;
+  std::string key_;
+  std::string number_;
+};
+
+}  // namespace
+
+boost::system::result<json::value, JsonParseError> parseJson(std::string_view text,
+                                                             const JsonParseLimits& limits) {
+  json::parse_options options;
+  options.max_depth = limits.maxDepth;
+  json::basic_parser<StrictHandler> parser(options);
+  parser.handler().stack.reset();
+  json::error_code ec;
+  std::size_t used = parser.write_some(false, text.data(), text.size(), ec);
+  const auto& handler = parser.handler();
+  if (handler.failure == HandlerFailure::duplicateKey) {
+    return JsonParseError{JsonParseError::Kind::duplicateKey, handler.failureDetail};
+  }
+  if (handler.failure == HandlerFailure::numberOutOfRange) {
+    return JsonParseError{JsonParseError::Kind::numberOutOfRange, handler.failureDetail};
+  }
+  if (ec == json::error::exponent_overflow) {
+    return JsonParseError{JsonParseError::Kind::numberOutOfRange,
+                          "number exponent at byte " + std::to_string(used) + " is out of range"};
+  }
+  if (ec == json::error::too_deep) {
+    return JsonParseError{
+        JsonParseError::Kind::tooDeep,
+        "JSON nesting is deeper than the limit of " + std::to_string(limits.maxDepth)};
+  }
+  if (ec) {
+    std::string what = ec == json::error::syntax && used < text.size()
+                           ? "invalid JSON at byte " + std::to_string(used)
+                           : "invalid JSON";
+    if (ec == json::error::syntax && used < text.size() &&
+        static_cast<unsigned char>(text[used]) >= 0x80) {
+      what += " (invalid UTF-8)";
+    } else if (ec != json::error::syntax) {
+      what += ": " + ec.message();
+    }
+    return JsonParseError{JsonParseError::Kind::syntax, what};
+  }
+  // write_some stops after one complete value and its trailing whitespace; anything left over
+  // ("1 2", "{}x", "01") is not one JSON text.
+  if (used < text.size()) {
+    return JsonParseError{
+        JsonParseError::Kind::syntax,
+        "invalid JSON at byte " + std::to_string(used) + ": data after the value"};
+  }
+  return parser.handler().stack.release();
+}
+
+std::size_t jsonDepth(const json::value& value) {
+  std::size_t deepest = 0;
+  if (const auto* object = value.if_object()) {
+    for (const auto& entry : *object) deepest = std::max(deepest, jsonDepth(entry.value()));
+    return deepest + 1;
+  }
+  if (const auto* array = value.if_array()) {
+    for (const auto& item : *array) deepest = std::max(deepest, jsonDepth(item));
+    return deepest + 1;
+  }
+  return 0;
+}
+
+}  // namespace toolhost::protocol

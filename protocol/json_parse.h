@@ -1,0 +1,37 @@
+// Strict JSON parsing for everything that enters the daemon: exact number conversion (Boost.JSON
+// 1.81 rounds some doubles wrongly, which would change content hashes), duplicate object keys and
+// non-finite numbers refused, invalid UTF-8 refused, nesting depth bounded. Any thread.
+#pragma once
+
+#include <boost/json/value.hpp>
+#include <boost/system/result.hpp>
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+
+namespace toolhost::protocol {
+
+struct JsonParseLimits {
+  std::size_t maxDepth = 128;
+};
+
+struct JsonParseError {
+  enum class Kind {
+    syntax,          // not JSON, or invalid UTF-8
+    tooDeep,         // nesting deeper than the limit
+    duplicateKey,    // an object names the same key twice
+    numberOutOfRange // a number that is not a finite double
+  };
+  Kind kind;
+  std::string detail;
+};
+
+// Parses exactly one JSON text (surrounding whitespace allowed, nothing after it).
+boost::system::result<boost::json::value, JsonParseError> parseJson(std::string_view text,
+                                                                     const JsonParseLimits& limits = {});
+
+// Nesting depth of a value (a scalar is 0, `[]` is 1).
+std::size_t jsonDepth(const boost::json::value& value);
+
+}  // namespace toolhost::protocol

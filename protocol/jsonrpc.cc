@@ -1,0 +1,141 @@
+#include "protocol/jsonrpc.h"
+
+#include "protocol/json_parse.h"
+#include "protocol/json_text.h"
+
+namespace toolhost::protocol {
+namespace json = boost::json;
+
+std::string_view standardMessage(int code) {
+  switch (code) {
+    case rpc_error::kParseError: return "Parse error";
+    case rpc_error::kInvalidRequest: return "Invalid Request";
+    case rpc_error::kMethodNotFound: return "Method not found";
+    case rpc_error::kInvalidParams: return "Invalid params";
+    case rpc_error::kInternalError: return "Internal error";
+    default: return "Server error";
+  }
+}
+
+RpcError makeError(int code, std::string kind, std::string detail) {
+  return RpcError{code, std::string(standardMessage(code)), std::move(kind), std::move(detail)};
+}
+
+namespace {
+
+InvalidEntry invalid(json::value id, std::string detail) {
+  return InvalidEntry{std::move(id), makeError(rpc_error::kInvalidRequest, "invalid-request",
+                                               std::move(detail))};
+}
+
+bool validIdType(const json::value& id) {
+  return id.is_string() || id.is_int64() || id.is_uint64() || id.is_double() || id.is_null();
+}
+
+}  // namespace
+
+Entry decodeEntry(const json::value& value) {
+  const auto* object = value.if_object();
+  if (object == nullptr) return invalid(nullptr, "a request must be a JSON object");
+
+  // The id is read first so that an otherwise invalid request is answered under its own id.
+  std::optional<json::value> id;
+  if (const auto* found = object->if_contains("id")) {
+    if (!validIdType(*found)) {
+      return invalid(nullptr, "\"id\" must be a string, a number or null");
+    }
+    id = *found;
+  }
+  json::value answerId = id ? *id : json::value(nullptr);
+
+  const auto* version = object->if_contains("jsonrpc");
+  if (version == nullptr) return invalid(answerId, "\"jsonrpc\" is missing; it must be \"2.0\"");
+  if (!version->is_string() || version->get_string() != "2.0") {
+    return invalid(answerId, "\"jsonrpc\" must be exactly \"2.0\"");
+  }
+  const auto* method = object->if_contains("method");
+  if (method == nullptr) return invalid(answerId, "\"method\" is missing");
+  if (!method->is_string()) return invalid(answerId, "\"method\" must be a string");
+
+  json::value params = nullptr;
+  if (const auto* found = object->if_contains("params")) {
+    if (!found->is_object() && !found->is_array()) {
+      return invalid(answerId, "\"params\" must be an object or an array when present");
+    }
+    params = *found;
+  }
+  return Request{std::move(id), std::string(method->get_string()), std::move(params)};
+}
+
+boost::system::result<Incoming, RpcError> decodeMessage(std::string_view line,
+                                                         const WireLimits& limits) {
+  auto parsed = parseJson(line, JsonParseLimits{limits.maxDepth});
+  if (!parsed) {
+    const auto& failure = parsed.error();
+    switch (failure.kind) {
+      case JsonParseError::Kind::tooDeep:
+        return makeError(rpc_error::kInvalidRequest, "limit-exceeded", failure.detail);
+      case JsonParseError::Kind::duplicateKey:
+      case JsonParseError::Kind::numberOutOfRange:
+      case JsonParseError::Kind::syntax:
+        return makeError(rpc_error::kParseError, "parse-error", failure.detail);
+    }
+  }
+  Incoming incoming;
+  if (auto* array = parsed->if_array()) {
+    if (array->empty()) {
+      return makeError(rpc_error::kInvalidRequest, "invalid-request",
+                       "an empty batch is not a request");
+    }
+    if (array->size() > limits.maxBatch) {
+      return makeError(rpc_error::kInvalidRequest, "limit-exceeded",
+                       "a batch holds " + std::to_string(array->size()) +
+                           " entries; the limit is " + std::to_string(limits.maxBatch));
+    }
+    incoming.batch = true;
+    incoming.entries.reserve(array->size());
+    for (const auto& item : *array) incoming.entries.push_back(decodeEntry(item));
+    return incoming;
+  }
+  incoming.entries.push_back(decodeEntry(*parsed));
+  return incoming;
+}
+
+json::object resultResponse(const json::value& id, json::value result) {
+  json::object response;
+  response["jsonrpc"] = "2.0";
+  response["id"] = id;
+  response["result"] = std::move(result);
+  return response;
+}
+
+json::object errorResponse(const json::value& id, const RpcError& error) {
+  json::object data = error.extra;
+  if (!error.kind.empty()) data["kind"] = error.kind;
+  if (!error.detail.empty()) data["detail"] = error.detail;
+  json::object body;
+  body["code"] = error.code;
+  body["message"] = error.message.empty() ? std::string(standardMessage(error.code)) : error.message;
+  if (!data.empty()) body["data"] = std::move(data);
+  json::object response;
+  response["jsonrpc"] = "2.0";
+  response["id"] = id;
+  response["error"] = std::move(body);
+  return response;
+}
+
+json::object notification(std::string_view method, json::value params) {
+  json::object message;
+  message["jsonrpc"] = "2.0";
+  message["method"] = method;
+  if (!params.is_null()) message["params"] = std::move(params);
+  return message;
+}
+
+std::string encodeLine(const json::value& message) {
+  std::string line = writeJson(message);
+  line.push_back('\n');
+  return line;
+}
+
+}  // namespace toolhost::protocol

@@ -1,0 +1,36 @@
+#include "runtime/v8_platform.h"
+
+#include <libplatform/libplatform.h>
+#include <v8.h>
+
+#include <atomic>
+#include <stdexcept>
+
+namespace toolhost::runtime {
+
+namespace {
+std::atomic<bool> gInitialized{false};
+}
+
+V8Platform::V8Platform(int workerThreads) {
+  if (gInitialized.exchange(true)) throw std::logic_error("the V8 platform is initialized twice");
+  // Flags every sandbox shares: no code generation from strings is enforced per context; these
+  // make V8 behave predictably inside a daemon.
+  const char flags[] = "--no-expose-wasm --disallow-code-generation-from-strings";
+  v8::V8::SetFlagsFromString(flags, sizeof flags - 1);
+  platform_ = v8::platform::NewDefaultPlatform(workerThreads);
+  v8::V8::InitializePlatform(platform_.get());
+  v8::V8::Initialize();
+}
+
+V8Platform::~V8Platform() {
+  v8::V8::Dispose();
+  v8::V8::DisposePlatform();
+  gInitialized = false;
+}
+
+bool V8Platform::initialized() { return gInitialized.load(); }
+
+std::string v8Version() { return v8::V8::GetVersion(); }
+
+}  // namespace toolhost::runtime

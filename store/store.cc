@@ -1,0 +1,663 @@
+#include "store/store.h"
+
+#include <fcntl.h>
+#include <lmdb.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <spdlog/fmt/fmt.h>
+#include <spdlog/spdlog.h>
+#include <atomic>
+#include <boost/throw_exception.hpp>
+#include <cerrno>
+#include <charconv>
+#include <cstring>
+#include <stdexcept>
+#include <system_error>
+
+namespace toolhost::store {
+namespace {
+
+constexpr std::string_view kSchemaVersionKey = "schema_version";
+constexpr const char* kLockFileName = "toolhost.lock";
+constexpr const char* kDatabaseDirName = "db";
+
+// The write callback running on this thread, per Store, to turn a same-thread nested write (a
+// certain deadlock on LMDB's writer mutex) into a clear std::logic_error.
+thread_local const Store* tlsWriter = nullptr;
+
+std::atomic<std::uint64_t> nextStoreId{1};
+
+MDB_val toVal(std::string_view s) noexcept {
+  return MDB_val{s.size(), const_cast<char*>(s.data())};
+}
+
+std::string_view toView(const MDB_val& v) noexcept {
+  return {static_cast<const char*>(v.mv_data), v.mv_size};
+}
+
+StoreErrc classify(int rc) noexcept {
+  switch (rc) {
+    case MDB_MAP_FULL:
+      return StoreErrc::mapFull;
+    case ENOSPC:
+    case EDQUOT:
+    case EFBIG:
+      return StoreErrc::diskFull;
+    case EACCES:
+    case EPERM:
+    case EROFS:
+      return StoreErrc::permissionDenied;
+    case MDB_CORRUPTED:
+    case MDB_PAGE_NOTFOUND:
+    case MDB_INVALID:
+    case MDB_VERSION_MISMATCH:
+    case MDB_INCOMPATIBLE:
+      return StoreErrc::corrupt;
+    case MDB_PANIC:
+      return StoreErrc::fatal;
+    case MDB_READERS_FULL:
+      return StoreErrc::readersFull;
+    case MDB_TXN_FULL:
+    case MDB_CURSOR_FULL:
+    case MDB_PAGE_FULL:
+      return StoreErrc::txnFull;
+    case MDB_BAD_VALSIZE:
+      return StoreErrc::invalidKey;
+    case MDB_DBS_FULL:
+      return StoreErrc::invalidArgument;
+    default:
+      break;
+  }
+  // Other positive codes are errno values from the file system.
+  if (rc > 0) return StoreErrc::ioError;
+  return StoreErrc::internal;
+}
+
+// Owns a file descriptor.
+class UniqueFd {
+ public:
+  explicit UniqueFd(int fd = -1) noexcept : fd_(fd) {}
+  UniqueFd(UniqueFd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
+  UniqueFd& operator=(UniqueFd&&) = delete;
+  ~UniqueFd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  int get() const noexcept { return fd_; }
+  int release() noexcept { return std::exchange(fd_, -1); }
+
+ private:
+  int fd_;
+};
+
+struct EnvCloser {
+  void operator()(MDB_env* env) const noexcept { mdb_env_close(env); }
+};
+using EnvPtr = std::unique_ptr<MDB_env, EnvCloser>;
+
+// Aborts a raw transaction used during open().
+struct TxnAborter {
+  void operator()(MDB_txn* txn) const noexcept { mdb_txn_abort(txn); }
+};
+using TxnPtr = std::unique_ptr<MDB_txn, TxnAborter>;
+
+struct CursorCloser {
+  void operator()(MDB_cursor* cursor) const noexcept { mdb_cursor_close(cursor); }
+};
+using CursorPtr = std::unique_ptr<MDB_cursor, CursorCloser>;
+
+OpenError openError(StoreErrc code, std::string message) {
+  return OpenError{make_error_code(code), std::move(message)};
+}
+
+OpenError openErrorFromErrno(int err, const std::string& what) {
+  const StoreErrc code = classify(err);
+  return openError(
+      code, fmt::format("{}: {} ({})", what, make_error_code(code).message(), std::strerror(err)));
+}
+
+OpenError openErrorFromMdb(int rc, const std::filesystem::path& db, const char* what) {
+  const StoreErrc code = classify(rc);
+  return openError(code, fmt::format("cannot {} the state database {}: {} ({})", what, db.string(),
+                                     make_error_code(code).message(), mdb_strerror(rc)));
+}
+
+// Creates `dir` and missing parents with mode 0700; an existing directory is left as it is.
+std::optional<OpenError> ensureDirectory(const std::filesystem::path& dir) {
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) == 0) {
+    if (S_ISDIR(st.st_mode)) return std::nullopt;
+    return openError(StoreErrc::invalidArgument,
+                     fmt::format("state directory {} exists but is not a directory", dir.string()));
+  }
+  if (errno != ENOENT) return openErrorFromErrno(errno, "cannot inspect " + dir.string());
+  if (dir.has_parent_path() && dir.parent_path() != dir) {
+    if (auto err = ensureDirectory(dir.parent_path())) return err;
+  }
+  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
+    return openErrorFromErrno(errno, "cannot create " + dir.string());
+  }
+  return std::nullopt;
+}
+
+// Takes the exclusive lock that makes this process the only user of the state directory, and
+// records our pid in it for the error message of the next would-be owner. flock(2) locks belong
+// to the open file description, so a second open() in this same process conflicts too (unlike
+// fcntl locks, which LMDB uses and which a same-process second open would silently release).
+boost::system::result<UniqueFd, OpenError> lockStateDirectory(const std::filesystem::path& dir) {
+  const std::filesystem::path lockPath = dir / kLockFileName;
+  UniqueFd fd(::open(lockPath.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
+  if (fd.get() < 0) return openErrorFromErrno(errno, "cannot open " + lockPath.string());
+  if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    if (err != EWOULDBLOCK) return openErrorFromErrno(err, "cannot lock " + lockPath.string());
+    char buffer[32] = {};
+    const ssize_t n = ::pread(fd.get(), buffer, sizeof buffer - 1, 0);
+    long pid = 0;
+    if (n > 0) std::from_chars(buffer, buffer + n, pid);
+    if (pid == static_cast<long>(::getpid())) {
+      return openError(StoreErrc::alreadyOpen,
+                       fmt::format("state directory {} is already open in this process (pid {})",
+                                   dir.string(), pid));
+    }
+    if (pid > 0) {
+      return openError(StoreErrc::locked,
+                       fmt::format("state directory {} is in use by pid {}", dir.string(), pid));
+    }
+    return openError(StoreErrc::locked,
+                     fmt::format("state directory {} is in use by another process", dir.string()));
+  }
+  const std::string pid = fmt::format("{}\n", ::getpid());
+  if (::ftruncate(fd.get(), 0) != 0 ||
+      ::pwrite(fd.get(), pid.data(), pid.size(), 0) != static_cast<ssize_t>(pid.size())) {
+    return openErrorFromErrno(errno, "cannot write " + lockPath.string());
+  }
+  return fd;
+}
+
+std::optional<std::uint32_t> parseVersion(std::string_view text) {
+  std::uint32_t version = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), version);
+  if (ec != std::errc() || end != text.data() + text.size()) return std::nullopt;
+  return version;
+}
+
+// Reads the schema version without writing anything: std::nullopt for a fresh environment.
+boost::system::result<std::optional<std::uint32_t>, OpenError> readSchemaVersion(
+    MDB_env* env, const std::filesystem::path& db) {
+  MDB_txn* raw = nullptr;
+  if (int rc = mdb_txn_begin(env, nullptr, MDB_RDONLY, &raw)) {
+    return openErrorFromMdb(rc, db, "read");
+  }
+  TxnPtr txn(raw);
+  MDB_dbi meta = 0;
+  int rc = mdb_dbi_open(txn.get(), std::string(kMetaTable).c_str(), 0, &meta);
+  if (rc == MDB_NOTFOUND) {
+    // No meta table: a fresh environment, unless something else already lives in it.
+    MDB_dbi main = 0;
+    MDB_stat st{};
+    if ((rc = mdb_dbi_open(txn.get(), nullptr, 0, &main)) != 0 ||
+        (rc = mdb_stat(txn.get(), main, &st)) != 0) {
+      return openErrorFromMdb(rc, db, "read");
+    }
+    if (st.ms_entries != 0) {
+      return openError(StoreErrc::corrupt,
+                       fmt::format("{} holds an LMDB database that is not a toolhost state "
+                                   "database (no schema version)",
+                                   db.string()));
+    }
+    return std::optional<std::uint32_t>();
+  }
+  if (rc != 0) return openErrorFromMdb(rc, db, "read");
+  MDB_val key = toVal(kSchemaVersionKey);
+  MDB_val value{};
+  rc = mdb_get(txn.get(), meta, &key, &value);
+  if (rc == MDB_NOTFOUND) {
+    return openError(StoreErrc::corrupt,
+                     fmt::format("the state database {} has no schema version row", db.string()));
+  }
+  if (rc != 0) return openErrorFromMdb(rc, db, "read");
+  const std::optional<std::uint32_t> version = parseVersion(toView(value));
+  if (!version || *version == 0) {
+    return openError(StoreErrc::corrupt,
+                     fmt::format("the state database {} has an unreadable schema version '{}'",
+                                 db.string(), toView(value)));
+  }
+  return std::optional<std::uint32_t>(*version);
+}
+
+std::optional<OpenError> validate(const Options& options) {
+  auto invalid = [](std::string message) { return openError(StoreErrc::invalidArgument, message); };
+  if (options.stateDir.empty()) return invalid("store: no state directory given");
+  if (options.mapSizeMb == 0) return invalid("store: [store] map_size_mb must be at least 1");
+  if (options.maxReaders == 0) return invalid("store: maxReaders must be at least 1");
+  if (options.tables.size() + 1 > options.maxTables) {
+    return invalid(fmt::format("store: {} tables plus '{}' exceed maxTables ({})",
+                               options.tables.size(), kMetaTable, options.maxTables));
+  }
+  for (std::size_t i = 0; i < options.tables.size(); ++i) {
+    const std::string& name = options.tables[i];
+    if (name.empty() || name.find('\0') != std::string::npos) {
+      return invalid("store: a table name is empty or contains NUL");
+    }
+    if (name == kMetaTable) {
+      return invalid(fmt::format("store: the table name '{}' is reserved", kMetaTable));
+    }
+    for (std::size_t j = 0; j < i; ++j) {
+      if (options.tables[j] == name) {
+        return invalid(fmt::format("store: table '{}' is listed twice", name));
+      }
+    }
+  }
+  return std::nullopt;
+}
+
+// Whether the file system holding `dir` has (almost) no space left for unprivileged writes.
+bool diskNearlyFull(const std::filesystem::path& dir) {
+  struct statvfs vfs {};
+  if (::statvfs(dir.c_str(), &vfs) != 0) return false;
+  constexpr std::uint64_t kNearlyFullBytes = 1U << 20;
+  return static_cast<std::uint64_t>(vfs.f_bavail) * vfs.f_frsize < kNearlyFullBytes;
+}
+
+}  // namespace
+
+void throw_exception_from_error(const OpenError& e, const boost::source_location& loc) {
+  boost::throw_exception(boost::system::system_error(e.code, e.message), loc);
+}
+
+// Everything open() prepares before the Store exists.
+struct Store::Init {
+  std::filesystem::path path;
+  std::size_t mapSizeMb = 0;
+  std::uint32_t schemaVersion = 0;
+  EnvPtr env;
+  UniqueFd lockFd;
+  std::vector<std::string> tableNames;
+  std::vector<unsigned> dbis;
+};
+
+boost::system::result<StorePtr, OpenError> Store::open(Options options) {
+  if (auto err = validate(options)) return *err;
+
+  std::error_code fsError;
+  std::filesystem::path stateDir = std::filesystem::absolute(options.stateDir, fsError);
+  if (fsError) return openErrorFromErrno(fsError.value(), "cannot resolve the state directory");
+  if (auto err = ensureDirectory(stateDir)) return *err;
+  stateDir = std::filesystem::canonical(stateDir, fsError);
+  if (fsError) return openErrorFromErrno(fsError.value(), "cannot resolve the state directory");
+
+  auto lockFd = lockStateDirectory(stateDir);
+  if (!lockFd) return lockFd.error();
+
+  const std::filesystem::path db = stateDir / kDatabaseDirName;
+  if (auto err = ensureDirectory(db)) return *err;
+
+  MDB_env* rawEnv = nullptr;
+  if (int rc = mdb_env_create(&rawEnv)) return openErrorFromMdb(rc, db, "create");
+  EnvPtr env(rawEnv);
+  const auto mapSizeBytes = static_cast<std::size_t>(options.mapSizeMb) << 20U;
+  if (int rc = mdb_env_set_mapsize(env.get(), mapSizeBytes)) {
+    return openErrorFromMdb(rc, db, "size");
+  }
+  if (int rc = mdb_env_set_maxdbs(env.get(), options.maxTables)) {
+    return openErrorFromMdb(rc, db, "configure");
+  }
+  if (int rc = mdb_env_set_maxreaders(env.get(), options.maxReaders)) {
+    return openErrorFromMdb(rc, db, "configure");
+  }
+  // MDB_NOTLS: read transactions are not tied to a thread's TLS slot, so a thread may hold more
+  // than one and threads of a pool can share reader slots. No MDB_NOSYNC: commits are durable.
+  if (int rc = mdb_env_open(env.get(), db.c_str(), MDB_NOTLS, 0600)) {
+    return openErrorFromMdb(rc, db, "open");
+  }
+
+  // Reader slots left by a process that died inside a read transaction would pin old pages and
+  // make the map grow until full.
+  int stale = 0;
+  if (int rc = mdb_reader_check(env.get(), &stale)) return openErrorFromMdb(rc, db, "check");
+  if (stale > 0) spdlog::warn("store: cleared {} stale reader slots in {}", stale, db.string());
+
+  // The version is checked in a read transaction first, so a store we refuse is not written.
+  auto stored = readSchemaVersion(env.get(), db);
+  if (!stored) return stored.error();
+  if (*stored && **stored > kSchemaVersion) {
+    return openError(StoreErrc::versionMismatch,
+                     fmt::format("the state database {} has schema version {}, newer than the "
+                                 "version this toolhost supports ({}); upgrade toolhost or use "
+                                 "another state directory",
+                                 db.string(), **stored, kSchemaVersion));
+  }
+  // Older versions would be migrated here, inside the write transaction below. Version 1 is the
+  // first, so there is nothing older to migrate yet.
+
+  MDB_txn* raw = nullptr;
+  if (int rc = mdb_txn_begin(env.get(), nullptr, 0, &raw)) {
+    return openErrorFromMdb(rc, db, "write");
+  }
+  TxnPtr txn(raw);
+  MDB_dbi meta = 0;
+  if (int rc = mdb_dbi_open(txn.get(), std::string(kMetaTable).c_str(), MDB_CREATE, &meta)) {
+    return openErrorFromMdb(rc, db, "create tables in");
+  }
+  std::vector<unsigned> dbis;
+  dbis.reserve(options.tables.size());
+  for (const std::string& name : options.tables) {
+    MDB_dbi dbi = 0;
+    if (int rc = mdb_dbi_open(txn.get(), name.c_str(), MDB_CREATE, &dbi)) {
+      return openErrorFromMdb(rc, db, "create tables in");
+    }
+    dbis.push_back(dbi);
+  }
+  if (!*stored) {
+    MDB_val key = toVal(kSchemaVersionKey);
+    const std::string text = std::to_string(kSchemaVersion);
+    MDB_val value = toVal(text);
+    if (int rc = mdb_put(txn.get(), meta, &key, &value, 0)) {
+      return openErrorFromMdb(rc, db, "initialize");
+    }
+  }
+  // Commit also keeps the table handles opened in this transaction for the environment.
+  if (int rc = mdb_txn_commit(txn.release())) return openErrorFromMdb(rc, db, "initialize");
+
+  spdlog::info("store: opened {} (schema version {}, map size {} MiB, {} tables)", db.string(),
+               kSchemaVersion, options.mapSizeMb, options.tables.size());
+  Init init{stateDir,           options.mapSizeMb,         kSchemaVersion, std::move(env),
+            std::move(*lockFd), std::move(options.tables), std::move(dbis)};
+  return StorePtr(new Store(std::move(init)));
+}
+
+Store::Store(Init&& init)
+    : id_(nextStoreId.fetch_add(1, std::memory_order_relaxed)),
+      path_(std::move(init.path)),
+      mapSizeMb_(init.mapSizeMb),
+      schemaVersion_(init.schemaVersion),
+      env_(init.env.release()),
+      lockFd_(init.lockFd.release()),
+      tableNames_(std::move(init.tableNames)),
+      dbis_(std::move(init.dbis)) {}
+
+Store::~Store() {
+  // The environment closes before the lock goes, so the next owner never overlaps with us.
+  mdb_env_close(env_);
+  ::close(lockFd_);
+}
+
+Table Store::table(std::string_view name) const {
+  if (auto table = tryTable(name)) return *table;
+  throw std::out_of_range(fmt::format("store: table '{}' was not declared at open", name));
+}
+
+std::optional<Table> Store::tryTable(std::string_view name) const noexcept {
+  for (std::size_t i = 0; i < tableNames_.size(); ++i) {
+    if (tableNames_[i] == name) return Table(id_, dbis_[i], &tableNames_[i]);
+  }
+  return std::nullopt;
+}
+
+boost::system::error_code Store::mapError(int rc, const char* op, std::string_view table) const {
+  StoreErrc code = classify(rc);
+  // LMDB reports a short write as EIO, which is what a disk that fills up mid-write produces;
+  // tell the user about the full disk rather than a failing one.
+  if (rc == EIO && diskNearlyFull(databasePath())) code = StoreErrc::diskFull;
+  const boost::system::error_code ec = make_error_code(code);
+  const std::string where = table.empty() ? std::string() : fmt::format(" on table '{}'", table);
+  if (ec == StoreErrc::mapFull) {
+    spdlog::warn("store: {}{} failed: {}", op, where, describe(ec));
+  } else {
+    spdlog::error("store: {}{} failed: {} ({})", op, where, describe(ec), mdb_strerror(rc));
+  }
+  return ec;
+}
+
+std::string Store::describe(const boost::system::error_code& ec) const {
+  if (ec == StoreErrc::mapFull) {
+    return fmt::format("the state database is full (map size {} MiB); raise [store] map_size_mb",
+                       mapSizeMb_);
+  }
+  const std::string db = databasePath().string();
+  if (ec == StoreErrc::diskFull) {
+    return fmt::format("the disk holding the state database {} is full", db);
+  }
+  if (ec == StoreErrc::ioError) {
+    return fmt::format("I/O error on the state database {} (is the disk full or failing?)", db);
+  }
+  if (ec == StoreErrc::corrupt) {
+    return fmt::format("the state database {} is corrupt or not a toolhost database", db);
+  }
+  if (ec == StoreErrc::permissionDenied) {
+    return fmt::format("permission denied on the state directory {}", path_.string());
+  }
+  if (ec == StoreErrc::fatal) {
+    return fmt::format("the state database {} hit a fatal error; restart toolhostd", db);
+  }
+  return ec.message();
+}
+
+boost::system::error_code Store::runRead(detail::FunctionRef<void(ReadTxn&)> fn) const {
+  // TODO(perf): keep reset read transactions per thread and mdb_txn_renew them.
+  MDB_txn* raw = nullptr;
+  if (int rc = mdb_txn_begin(env_, nullptr, MDB_RDONLY, &raw)) {
+    return mapError(rc, "begin read", "");
+  }
+  ReadTxn txn(*this, raw);
+  fn(txn);
+  return txn.error_;
+}
+
+boost::system::error_code Store::runWrite(detail::FunctionRef<bool(WriteTxn&)> fn) {
+  if (tlsWriter == this) {
+    throw std::logic_error("store: write() called inside a write callback on the same thread");
+  }
+  std::lock_guard<std::mutex> lock(writeMutex_);
+  MDB_txn* raw = nullptr;
+  if (int rc = mdb_txn_begin(env_, nullptr, 0, &raw)) return mapError(rc, "begin write", "");
+  WriteTxn txn(*this, raw);
+  struct WriterMark {
+    const Store* previous;
+    explicit WriterMark(const Store* self) : previous(std::exchange(tlsWriter, self)) {}
+    ~WriterMark() { tlsWriter = previous; }
+  } mark(this);
+  const bool commit = fn(txn);
+  if (txn.error_) return txn.error_;  // poisoned: the destructor aborts
+  if (!commit) return {};             // the callback's error is returned by write()
+  return txn.commit();
+}
+
+boost::system::result<Stats> Store::stats() const {
+  Stats stats;
+  stats.path = path_;
+  stats.schemaVersion = schemaVersion_;
+  MDB_envinfo info{};
+  MDB_stat envStat{};
+  if (int rc = mdb_env_info(env_, &info)) return mapError(rc, "stats", "");
+  if (int rc = mdb_env_stat(env_, &envStat)) return mapError(rc, "stats", "");
+  stats.mapSizeBytes = info.me_mapsize;
+  stats.pageSize = envStat.ms_psize;
+  stats.usedBytes = (static_cast<std::uint64_t>(info.me_last_pgno) + 1) * envStat.ms_psize;
+  stats.readersUsed = info.me_numreaders;
+  stats.maxReaders = info.me_maxreaders;
+  auto counted = read([&](ReadTxn& txn) {
+    for (std::size_t i = 0; i < tableNames_.size(); ++i) {
+      stats.tables.push_back({tableNames_[i], txn.count(Table(id_, dbis_[i], &tableNames_[i]))});
+    }
+  });
+  if (!counted) return counted.error();
+  return stats;
+}
+
+// --- ReadTxn -----------------------------------------------------------------------------------
+
+ReadTxn::~ReadTxn() {
+  if (txn_ != nullptr) mdb_txn_abort(txn_);
+}
+
+unsigned ReadTxn::dbiOf(Table table) const {
+  if (table.storeId_ != store_->id_) {
+    // Not naming the table: its Store may be gone, and the name with it.
+    throw std::logic_error("store: a Table of another (or a destroyed) Store was used");
+  }
+  return table.dbi_;
+}
+
+void ReadTxn::fail(int rc, const char* op, Table table) {
+  if (!error_) error_ = store_->mapError(rc, op, table.name());
+}
+
+bool ReadTxn::checkKey(std::string_view key, const char* op, Table table) {
+  if (!key.empty() && key.size() <= kMaxKeySize) return true;
+  if (!error_) {
+    spdlog::error("store: {} on table '{}' with a key of {} bytes (allowed 1..{})", op,
+                  table.name(), key.size(), kMaxKeySize);
+    error_ = make_error_code(StoreErrc::invalidKey);
+  }
+  return false;
+}
+
+std::optional<std::string_view> ReadTxn::tryGet(Table table, std::string_view key) {
+  const unsigned dbi = dbiOf(table);
+  if (error_ || !checkKey(key, "get", table)) return std::nullopt;
+  MDB_val k = toVal(key);
+  MDB_val v{};
+  const int rc = mdb_get(txn_, dbi, &k, &v);
+  if (rc == MDB_NOTFOUND) return std::nullopt;
+  if (rc != 0) {
+    fail(rc, "get", table);
+    return std::nullopt;
+  }
+  return toView(v);
+}
+
+std::optional<std::string> ReadTxn::getCopy(Table table, std::string_view key) {
+  if (auto value = tryGet(table, key)) return std::string(*value);
+  return std::nullopt;
+}
+
+std::uint64_t ReadTxn::count(Table table) {
+  const unsigned dbi = dbiOf(table);
+  if (error_) return 0;
+  MDB_stat st{};
+  if (int rc = mdb_stat(txn_, dbi, &st)) {
+    fail(rc, "count", table);
+    return 0;
+  }
+  return st.ms_entries;
+}
+
+void ReadTxn::scanImpl(Table table, const KeyRange& range,
+                       detail::FunctionRef<bool(std::string_view, std::string_view)> visit) {
+  const unsigned dbi = dbiOf(table);
+  if (error_) return;
+  if (range.to && compareKeys(*range.to, range.from) <= 0) return;  // empty range
+  if (range.from.size() > kMaxKeySize || (range.to && range.to->size() > kMaxKeySize)) {
+    checkKey(range.from.size() > kMaxKeySize ? range.from : *range.to, "scan", table);
+    return;
+  }
+  MDB_cursor* raw = nullptr;
+  if (int rc = mdb_cursor_open(txn_, dbi, &raw)) {
+    fail(rc, "scan", table);
+    return;
+  }
+  const CursorPtr cursor(raw);
+  struct ScanMark {
+    int& depth;
+    explicit ScanMark(int& d) : depth(++d) {}
+    ~ScanMark() { --depth; }
+  } mark(scanning_);
+
+  MDB_val k{};
+  MDB_val v{};
+  int rc = 0;
+  if (!range.reverse) {
+    if (range.from.empty()) {
+      rc = mdb_cursor_get(cursor.get(), &k, &v, MDB_FIRST);
+    } else {
+      k = toVal(range.from);
+      rc = mdb_cursor_get(cursor.get(), &k, &v, MDB_SET_RANGE);
+    }
+    while (rc == 0) {
+      const std::string_view key = toView(k);
+      if (range.to && compareKeys(key, *range.to) >= 0) break;
+      if (!visit(key, toView(v))) break;
+      rc = mdb_cursor_get(cursor.get(), &k, &v, MDB_NEXT);
+    }
+  } else {
+    if (range.to && !range.to->empty()) {
+      // Step to the first key >= to, then one back; with none, the last key is the start.
+      k = toVal(*range.to);
+      rc = mdb_cursor_get(cursor.get(), &k, &v, MDB_SET_RANGE);
+      if (rc == 0) {
+        rc = mdb_cursor_get(cursor.get(), &k, &v, MDB_PREV);
+      } else if (rc == MDB_NOTFOUND) {
+        rc = mdb_cursor_get(cursor.get(), &k, &v, MDB_LAST);
+      }
+    } else {
+      rc = mdb_cursor_get(cursor.get(), &k, &v, MDB_LAST);
+    }
+    while (rc == 0) {
+      const std::string_view key = toView(k);
+      if (compareKeys(key, range.from) < 0) break;
+      if (!visit(key, toView(v))) break;
+      rc = mdb_cursor_get(cursor.get(), &k, &v, MDB_PREV);
+    }
+  }
+  if (rc != 0 && rc != MDB_NOTFOUND) fail(rc, "scan", table);
+}
+
+// --- WriteTxn ----------------------------------------------------------------------------------
+
+void WriteTxn::checkNotScanning() const {
+  if (scanning_ > 0) {
+    throw std::logic_error("store: a scan visitor modified its transaction; modify after the scan");
+  }
+}
+
+void WriteTxn::put(Table table, std::string_view key, std::string_view value) {
+  const unsigned dbi = dbiOf(table);
+  checkNotScanning();
+  if (error_ || !checkKey(key, "put", table)) return;
+  MDB_val k = toVal(key);
+  MDB_val v = toVal(value);
+  if (int rc = mdb_put(txn_, dbi, &k, &v, 0)) fail(rc, "put", table);
+}
+
+bool WriteTxn::putIfAbsent(Table table, std::string_view key, std::string_view value) {
+  const unsigned dbi = dbiOf(table);
+  checkNotScanning();
+  if (error_ || !checkKey(key, "put", table)) return false;
+  MDB_val k = toVal(key);
+  MDB_val v = toVal(value);
+  const int rc = mdb_put(txn_, dbi, &k, &v, MDB_NOOVERWRITE);
+  if (rc == 0) return true;
+  if (rc != MDB_KEYEXIST) fail(rc, "put", table);
+  return false;
+}
+
+bool WriteTxn::erase(Table table, std::string_view key) {
+  const unsigned dbi = dbiOf(table);
+  checkNotScanning();
+  if (error_ || !checkKey(key, "erase", table)) return false;
+  MDB_val k = toVal(key);
+  const int rc = mdb_del(txn_, dbi, &k, nullptr);
+  if (rc == 0) return true;
+  if (rc != MDB_NOTFOUND) fail(rc, "erase", table);
+  return false;
+}
+
+void WriteTxn::clear(Table table) {
+  const unsigned dbi = dbiOf(table);
+  checkNotScanning();
+  if (error_) return;
+  if (int rc = mdb_drop(txn_, dbi, 0)) fail(rc, "clear", table);
+}
+
+boost::system::error_code WriteTxn::commit() {
+  // mdb_txn_commit frees the transaction whether or not it succeeds.
+  const int rc = mdb_txn_commit(std::exchange(txn_, nullptr));
+  if (rc == 0) return {};
+  return store_->mapError(rc, "commit", "");
+}
+
+}  // namespace toolhost::store

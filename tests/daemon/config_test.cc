@@ -1,0 +1,110 @@
+#include "daemon/config.h"
+
+#include <catch2/catch.hpp>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+
+using namespace toolhost::daemon;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct ConfigFile {
+  fs::path path;
+  explicit ConfigFile(const std::string& text) {
+    char pattern[] = "/tmp/th-config-XXXXXX";
+    int fd = ::mkstemp(pattern);
+    ::close(fd);
+    path = pattern;
+    std::ofstream(path) << text;
+  }
+  ~ConfigFile() { fs::remove(path); }
+};
+
+boost::system::result<Config, ConfigError> load(const std::string& text) {
+  ConfigFile file(text);
+  CommandLine commandLine;
+  commandLine.configFile = file.path;
+  commandLine.socketPath = "/tmp/x.sock";
+  return loadConfig(commandLine);
+}
+
+}  // namespace
+
+TEST_CASE("defaults: own uid is admin and nobody else", "[config]") {
+  CommandLine commandLine;
+  commandLine.socketPath = "/tmp/x.sock";
+  auto config = loadConfig(commandLine);
+  REQUIRE(config.has_value());
+  CHECK(config->limits.maxMessageBytes == 8 * 1024 * 1024);
+  CHECK(config->limits.maxDepth == 128);
+  CHECK(config->access.rolesFor(PeerCredentials{1, ::geteuid(), ::getegid()}) == RoleSet{Role::admin});
+  CHECK(config->access.rolesFor(PeerCredentials{1, 54321, 54321}).empty());
+}
+
+TEST_CASE("limits, log and access rules from the file", "[config]") {
+  auto config = load(R"(
+[limits]
+max_message_bytes = 4096
+max_depth = 16
+max_batch = 10
+max_in_flight = 3
+[log]
+level = "debug"
+format = "json"
+[[access]]
+uid = 54321
+roles = ["agent", "approver"]
+[[access]]
+gid = 777
+roles = ["host"]
+)");
+  REQUIRE(config.has_value());
+  CHECK(config->limits.maxMessageBytes == 4096);
+  CHECK(config->limits.maxDepth == 16);
+  CHECK(config->limits.maxBatch == 10);
+  CHECK(config->limits.maxInFlight == 3);
+  CHECK(config->logLevel == "debug");
+  CHECK(config->logFormat == LogFormat::json);
+  CHECK(config->access.rolesFor(PeerCredentials{1, 54321, 1}) == RoleSet{Role::agent, Role::approver});
+  CHECK(config->access.rolesFor(PeerCredentials{1, 54322, 777}) == RoleSet{Role::host});
+  // The daemon's own uid stays admin.
+  CHECK(config->access.rolesFor(PeerCredentials{1, ::geteuid(), 1}).has(Role::admin));
+}
+
+TEST_CASE("config errors name the key and what is wrong", "[config]") {
+  auto check = [](const std::string& text, const std::string& expected) {
+    auto config = load(text);
+    REQUIRE_FALSE(config.has_value());
+    CHECK_THAT(config.error().detail, Catch::Contains(expected));
+  };
+  check("[limits]\nmax_depth = 0\n", "limits.max_depth");
+  check("[limits]\nmax_in_flight = \"x\"\n", "limits.max_in_flight");
+  check("[log]\nlevel = \"loud\"\n", "log.level");
+  check("[[access]]\nroles = [\"agent\"]\n", "needs one of user, uid, group or gid");
+  check("[[access]]\nuid = 5\nroles = [\"emperor\"]\n", "unknown role");
+  check("[[access]]\nuser = \"no-such-user-here\"\nroles = [\"agent\"]\n", "no user");
+  check("[sever]\nsocket = \"/x\"\n", "not a known section");
+  check("this is = = not toml", ":1:");
+}
+
+TEST_CASE("socket path: flag, then TOOLHOST_SOCKET, then config; too long refused", "[config]") {
+  ConfigFile file("[server]\nsocket = \"/tmp/from-config.sock\"\n");
+  CommandLine commandLine;
+  commandLine.configFile = file.path;
+  ::unsetenv("TOOLHOST_SOCKET");
+  CHECK(loadConfig(commandLine)->socketPath == "/tmp/from-config.sock");
+  ::setenv("TOOLHOST_SOCKET", "/tmp/from-env.sock", 1);
+  CHECK(loadConfig(commandLine)->socketPath == "/tmp/from-env.sock");
+  commandLine.socketPath = "/tmp/from-flag.sock";
+  CHECK(loadConfig(commandLine)->socketPath == "/tmp/from-flag.sock");
+  ::unsetenv("TOOLHOST_SOCKET");
+  commandLine.socketPath = "/tmp/" + std::string(103, 'x');  // 108 bytes
+  auto tooLong = loadConfig(commandLine);
+  REQUIRE_FALSE(tooLong.has_value());
+  CHECK_THAT(tooLong.error().detail, Catch::Contains("at most 107 bytes"));
+  commandLine.socketPath = "/tmp/" + std::string(102, 'x');  // 107 bytes
+  CHECK(loadConfig(commandLine).has_value());
+}

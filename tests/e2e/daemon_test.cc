@@ -1,0 +1,262 @@
+// The daemon as a process: its socket, its peers, its signals, its log, and toolhostctl.
+#include "tests/support/daemon_process.h"
+
+#include "protocol/json_parse.h"
+
+#include <catch2/catch.hpp>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <thread>
+
+using namespace toolhost::testing;
+namespace json = boost::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+json::value parse(const std::string& text) {
+  auto parsed = toolhost::protocol::parseJson(text);
+  if (!parsed) FAIL("not JSON: " << text);
+  return *parsed;
+}
+
+// A socket file with nobody listening, as a crashed daemon leaves behind.
+void makeStaleSocket(const fs::path& path) {
+  int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  std::strncpy(address.sun_path, path.c_str(), sizeof address.sun_path - 1);
+  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0);
+  ::close(fd);
+}
+
+}  // namespace
+
+TEST_CASE("the socket is created 0600 and removed on exit", "[e2e][daemon]") {
+  auto daemon = DaemonProcess::start();
+  struct stat info {};
+  REQUIRE(::stat(daemon->socket().c_str(), &info) == 0);
+  CHECK(S_ISSOCK(info.st_mode));
+  CHECK((info.st_mode & 0777) == 0600);
+  CHECK(daemon->stop() == 0);
+  CHECK_FALSE(fs::exists(daemon->socket()));
+}
+
+TEST_CASE("a stale socket is replaced; a live one stops a second daemon", "[e2e][daemon]") {
+  TempDir dir;
+  auto socket = dir.path() / "s";
+  makeStaleSocket(socket);
+  DaemonOptions options;
+  options.socketPath = socket;
+  auto first = DaemonProcess::start(options);
+  RawClient client(socket);
+  CHECK(client.call("ping").contains("result"));
+
+  DaemonOptions second;
+  second.socketPath = socket;
+  second.waitUntilReady = false;
+  auto rival = DaemonProcess::start(second);
+  CHECK(rival->wait(std::chrono::seconds(10)) == 1);
+  CHECK_THAT(rival->log(), Catch::Contains("already listening"));
+  // The first daemon still serves, on the same socket file.
+  CHECK(client.call("ping").contains("result"));
+  RawClient again(socket);
+  CHECK(again.call("ping").contains("result"));
+}
+
+TEST_CASE("a socket path that is not a socket is left alone", "[e2e][daemon]") {
+  TempDir dir;
+  auto path = dir.path() / "s";
+  std::ofstream(path) << "precious";
+  DaemonOptions options;
+  options.socketPath = path;
+  options.waitUntilReady = false;
+  auto daemon = DaemonProcess::start(options);
+  CHECK(daemon->wait(std::chrono::seconds(10)) == 1);
+  CHECK_THAT(daemon->log(), Catch::Contains("not a socket"));
+  std::ifstream in(path);
+  std::string content;
+  in >> content;
+  CHECK(content == "precious");
+}
+
+TEST_CASE("socket paths over 107 bytes are refused clearly", "[e2e][daemon]") {
+  DaemonOptions options;
+  options.socketPath = "/tmp/" + std::string(110, 'x');
+  options.waitUntilReady = false;
+  auto daemon = DaemonProcess::start(options);
+  CHECK(daemon->wait(std::chrono::seconds(10)) == 2);
+  CHECK_THAT(daemon->log(), Catch::Contains("at most 107 bytes"));
+}
+
+TEST_CASE("SIGTERM lets requests in flight finish, then exits 0", "[e2e][daemon]") {
+  auto daemon = DaemonProcess::start();
+  RawClient client(daemon->socket());
+  client.send(R"({"jsonrpc":"2.0","method":"ping","params":{"delayMs":400},"id":"late"})" "\n");
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ::kill(daemon->pid(), SIGTERM);
+  auto response = client.readJson();
+  CHECK(response.at("id") == "late");
+  CHECK(response.as_object().contains("result"));
+  CHECK(daemon->wait(std::chrono::seconds(10)) == 0);
+  // No new connections once stopping.
+  CHECK_THROWS(RawClient(daemon->socket()));
+}
+
+TEST_CASE("SIGINT with a request outlasting the grace period cancels it", "[e2e][daemon]") {
+  DaemonOptions options;
+  options.configToml = "[server]\nshutdown_grace_ms = 200\n";
+  auto daemon = DaemonProcess::start(options);
+  RawClient client(daemon->socket());
+  client.send(R"({"jsonrpc":"2.0","method":"ping","params":{"delayMs":60000},"id":1})" "\n");
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  auto started = std::chrono::steady_clock::now();
+  CHECK(daemon->stop(SIGINT) == 0);
+  CHECK(std::chrono::steady_clock::now() - started < std::chrono::seconds(5));
+}
+
+TEST_CASE("daemon.info, daemon.health and rpc.discover", "[e2e][daemon]") {
+  auto daemon = DaemonProcess::start();
+  RawClient client(daemon->socket());
+  auto info = client.call("daemon.info").at("result").as_object();
+  CHECK(info.at("name") == "toolhost");
+  CHECK_THAT(std::string(info.at("v8Version").as_string()), Catch::StartsWith("10.2"));
+  CHECK(info.at("caller").at("uid") == static_cast<std::int64_t>(::geteuid()));
+  CHECK(info.at("caller").at("roles").as_array() == json::array{"admin"});
+  CHECK(info.at("limits").at("maxMessageBytes") == 8 * 1024 * 1024);
+  CHECK(info.at("limits").at("maxDepth") == 128);
+  CHECK(info.at("uptimeMs").as_int64() >= 0);
+
+  auto health = client.call("daemon.health").at("result").as_object();
+  CHECK(health.at("status") == "ok");
+
+  auto discover = client.call("rpc.discover").at("result").as_object();
+  CHECK(discover.at("openrpc") == "1.2.6");
+  std::set<std::string> names;
+  for (const auto& method : discover.at("methods").as_array()) {
+    names.insert(std::string(method.at("name").as_string()));
+    CHECK(method.as_object().contains("params"));
+  }
+  for (const char* expected : {"rpc.discover", "ping", "daemon.info", "daemon.health"}) {
+    CHECK(names.count(expected) == 1);
+  }
+}
+
+TEST_CASE("toolhostctl prints JSON with exit codes a script can rely on", "[e2e][cli]") {
+  auto daemon = DaemonProcess::start();
+  std::string socket = daemon->socket().string();
+  auto ctl = ctlBinary().string();
+
+  auto ping = runProgram({ctl, "--socket", socket, "ping"});
+  CHECK(ping.status == 0);
+  CHECK(parse(ping.out).at("pong") == true);
+
+  auto info = runProgram({ctl, "info"}, "", {{"TOOLHOST_SOCKET", socket}});
+  CHECK(info.status == 0);
+  CHECK(parse(info.out).at("name") == "toolhost");
+
+  auto call = runProgram({ctl, "--socket", socket, "call", "ping", R"({"delayMs":1})"});
+  CHECK(call.status == 0);
+
+  auto fromStdin = runProgram({ctl, "--socket", socket, "call", "ping", "-"}, R"({"delayMs":1})");
+  CHECK(fromStdin.status == 0);
+
+  auto unknown = runProgram({ctl, "--socket", socket, "call", "no.such"});
+  CHECK(unknown.status == 1);
+  CHECK(parse(unknown.out).at("code") == -32601);
+
+  auto badParams = runProgram({ctl, "--socket", socket, "call", "ping", "{not json"});
+  CHECK(badParams.status == 2);
+
+  auto usage = runProgram({ctl, "--socket", socket, "frobnicate"});
+  CHECK(usage.status == 2);
+
+  auto nobody = runProgram({ctl, "--socket", daemon->dir().string() + "/missing", "ping"});
+  CHECK(nobody.status == 3);
+  CHECK_THAT(nobody.err, Catch::Contains("cannot connect"));
+}
+
+TEST_CASE("a peer without an access rule gets one error naming its uid", "[e2e][daemon][peers]") {
+  if (::geteuid() != 0) {
+    WARN("needs root to run a client as nobody; skipped");
+    return;
+  }
+  auto daemon = DaemonProcess::start();
+  // Open the socket to everyone for this test only; the daemon must still refuse the peer.
+  ::chmod(daemon->dir().c_str(), 0755);
+  ::chmod(daemon->socket().c_str(), 0777);
+  auto refused = runProgram({"setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                             ctlBinary().string(), "--socket", daemon->socket().string(), "ping"});
+  INFO("stderr: " << refused.err);
+  CHECK(refused.status == 1);
+  auto error = parse(refused.out);
+  CHECK(error.at("code") == -32002);
+  CHECK(error.at("data").at("kind") == "peer-refused");
+  CHECK_THAT(std::string(error.at("data").at("detail").as_string()), Catch::Contains("uid 65534"));
+  CHECK_THAT(daemon->log(), Catch::Contains("refused uid=65534"));
+
+  // With an access rule, the same peer is served as an agent.
+  DaemonOptions options;
+  options.configToml = "[[access]]\nuid = 65534\nroles = [\"agent\"]\n";
+  auto allowing = DaemonProcess::start(options);
+  ::chmod(allowing->dir().c_str(), 0755);
+  ::chmod(allowing->socket().c_str(), 0777);
+  auto served = runProgram({"setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                            ctlBinary().string(), "--socket", allowing->socket().string(), "info"});
+  CHECK(served.status == 0);
+  CHECK(parse(served.out).at("caller").at("roles").as_array() == json::array{"agent"});
+}
+
+TEST_CASE("JSON log lines carry connection and request ids", "[e2e][daemon]") {
+  DaemonOptions options;
+  options.logFormat = "json";
+  auto daemon = DaemonProcess::start(options);
+  RawClient client(daemon->socket());
+  client.call("no.such.method", nullptr, "req-77");
+  daemon->stop();
+  bool found = false;
+  std::istringstream lines(daemon->log());
+  for (std::string line; std::getline(lines, line);) {
+    auto parsed = toolhost::protocol::parseJson(line);
+    REQUIRE(parsed.has_value());  // every line is JSON
+    auto message = std::string(parsed->at("msg").as_string());
+    if (message.find("req=\"req-77\"") != std::string::npos && parsed->at("level") == "warning") {
+      found = true;
+      CHECK_THAT(message, Catch::Contains("conn="));
+    }
+  }
+  CHECK(found);
+}
+
+TEST_CASE("a bad config file is a clear start-up error", "[e2e][daemon]") {
+  DaemonOptions options;
+  options.configToml = "[limits]\nmax_depth = \"deep\"\n";
+  options.waitUntilReady = false;
+  auto daemon = DaemonProcess::start(options);
+  CHECK(daemon->wait(std::chrono::seconds(10)) == 2);
+  CHECK_THAT(daemon->log(), Catch::Contains("limits.max_depth"));
+}
+
+TEST_CASE("the state store opens with the daemon and a second daemon on it is refused",
+          "[e2e][daemon]") {
+  auto daemon = DaemonProcess::start();
+  CHECK(fs::exists(daemon->stateDir() / "db" / "data.mdb"));
+  RawClient client(daemon->socket());
+  auto health = client.call("daemon.health").at("result");
+  CHECK(health.at("checks").at("store").at("ok") == true);
+  CHECK(health.at("checks").at("store").at("schemaVersion") == 1);
+
+  DaemonOptions rivalOptions;
+  rivalOptions.stateDir = daemon->stateDir();
+  rivalOptions.waitUntilReady = false;
+  auto rival = DaemonProcess::start(rivalOptions);
+  CHECK(rival->wait(std::chrono::seconds(10)) == 1);
+  CHECK_THAT(rival->log(), Catch::Contains("in use by pid"));
+}

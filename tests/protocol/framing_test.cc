@@ -1,0 +1,92 @@
+#include "protocol/framing.h"
+
+#include <catch2/catch.hpp>
+
+#include <string>
+#include <vector>
+
+using toolhost::protocol::LineFramer;
+
+namespace {
+
+std::vector<std::string> drain(LineFramer& framer) {
+  std::vector<std::string> lines;
+  std::string_view line;
+  while (framer.next(line) == LineFramer::Status::line) lines.emplace_back(line);
+  return lines;
+}
+
+}  // namespace
+
+TEST_CASE("lines are split on newline, CR stripped, blank lines skipped", "[framing]") {
+  LineFramer framer(100);
+  framer.append("one\ntwo\r\n\n   \nthree");
+  CHECK(drain(framer) == std::vector<std::string>{"one", "two"});
+  std::string_view line;
+  CHECK(framer.next(line) == LineFramer::Status::needMore);
+  framer.append("\n");
+  CHECK(drain(framer) == std::vector<std::string>{"three"});
+  CHECK(framer.buffered() == 0);
+}
+
+TEST_CASE("a line arriving one byte at a time", "[framing]") {
+  LineFramer framer(100);
+  std::string text = "{\"a\":1}\n{\"b\":2}\n";
+  std::vector<std::string> lines;
+  for (char c : text) {
+    framer.append(std::string_view(&c, 1));
+    for (auto& line : drain(framer)) lines.push_back(line);
+  }
+  CHECK(lines == std::vector<std::string>{"{\"a\":1}", "{\"b\":2}"});
+}
+
+TEST_CASE("prepare and commit receive in place", "[framing]") {
+  LineFramer framer(100);
+  auto space = framer.prepare(64);
+  std::string text = "abc\nde";
+  std::copy(text.begin(), text.end(), space.begin());
+  framer.commit(text.size());
+  CHECK(drain(framer) == std::vector<std::string>{"abc"});
+  CHECK(framer.buffered() == 2);
+}
+
+TEST_CASE("a line over the limit is reported, complete or not", "[framing]") {
+  SECTION("without its newline yet") {
+    LineFramer framer(10);
+    framer.append("12345678901");
+    std::string_view line;
+    CHECK(framer.next(line) == LineFramer::Status::tooLong);
+  }
+  SECTION("exactly at the limit is fine") {
+    LineFramer framer(10);
+    framer.append("1234567890\n");
+    CHECK(drain(framer) == std::vector<std::string>{"1234567890"});
+  }
+  SECTION("a complete line over the limit after good ones") {
+    LineFramer framer(10);
+    framer.append("ok\n12345678901\n");
+    std::string_view line;
+    REQUIRE(framer.next(line) == LineFramer::Status::line);
+    CHECK(line == "ok");
+    CHECK(framer.next(line) == LineFramer::Status::tooLong);
+  }
+  SECTION("a line at the limit while unfinished is still waited for") {
+    LineFramer framer(10);
+    framer.append("1234567890");
+    std::string_view line;
+    CHECK(framer.next(line) == LineFramer::Status::needMore);
+  }
+}
+
+TEST_CASE("the buffer never grows beyond one line and one read", "[framing]") {
+  LineFramer framer(1000);
+  std::string chunk(999, 'x');
+  chunk += '\n';
+  for (int i = 0; i < 1000; ++i) {
+    auto space = framer.prepare(chunk.size());
+    std::copy(chunk.begin(), chunk.end(), space.begin());
+    framer.commit(chunk.size());
+    CHECK(drain(framer).size() == 1);
+    CHECK(framer.buffered() == 0);
+  }
+}

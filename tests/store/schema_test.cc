@@ -1,0 +1,125 @@
+#include <lmdb.h>
+
+#include <catch2/catch.hpp>
+#include <string>
+
+#include "store/store.h"
+#include "tests/store/test_support.h"
+
+using namespace toolhost::store;
+using namespace toolhost::store::test;
+
+namespace {
+
+// Writes key=value into `table` ("" = LMDB's main table) of the environment in `db` with raw
+// LMDB, for states the store's API cannot produce. Only while no Store has the directory open.
+void rawPut(const std::filesystem::path& db, const char* table, const std::string& key,
+            const std::string& value) {
+  MDB_env* env = nullptr;
+  REQUIRE(mdb_env_create(&env) == 0);
+  REQUIRE(mdb_env_set_maxdbs(env, 8) == 0);
+  std::filesystem::create_directories(db);
+  REQUIRE(mdb_env_open(env, db.c_str(), MDB_NOTLS, 0600) == 0);
+  MDB_txn* txn = nullptr;
+  REQUIRE(mdb_txn_begin(env, nullptr, 0, &txn) == 0);
+  MDB_dbi dbi = 0;
+  REQUIRE(mdb_dbi_open(txn, *table != '\0' ? table : nullptr, MDB_CREATE, &dbi) == 0);
+  MDB_val k{key.size(), const_cast<char*>(key.data())};
+  MDB_val v{value.size(), const_cast<char*>(value.data())};
+  REQUIRE(mdb_put(txn, dbi, &k, &v, 0) == 0);
+  REQUIRE(mdb_txn_commit(txn) == 0);
+  mdb_env_close(env);
+}
+
+std::optional<std::string> rawGet(const std::filesystem::path& db, const char* table,
+                                  const std::string& key) {
+  MDB_env* env = nullptr;
+  REQUIRE(mdb_env_create(&env) == 0);
+  REQUIRE(mdb_env_set_maxdbs(env, 8) == 0);
+  REQUIRE(mdb_env_open(env, db.c_str(), MDB_NOTLS | MDB_RDONLY, 0600) == 0);
+  MDB_txn* txn = nullptr;
+  REQUIRE(mdb_txn_begin(env, nullptr, MDB_RDONLY, &txn) == 0);
+  MDB_dbi dbi = 0;
+  std::optional<std::string> out;
+  if (mdb_dbi_open(txn, table, 0, &dbi) == 0) {
+    MDB_val k{key.size(), const_cast<char*>(key.data())};
+    MDB_val v{};
+    if (mdb_get(txn, dbi, &k, &v) == 0) out.emplace(static_cast<const char*>(v.mv_data), v.mv_size);
+  }
+  mdb_txn_abort(txn);
+  mdb_env_close(env);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("a fresh store gets the current schema version") {
+  TempDir tmp;
+  { openOrFail(options(tmp.state())); }
+  CHECK(rawGet(tmp.state() / "db", "meta", "schema_version") == std::to_string(kSchemaVersion));
+}
+
+TEST_CASE("a store with a newer schema version is refused, naming both, and not written") {
+  TempDir tmp;
+  {
+    auto store = openOrFail(options(tmp.state()));
+    const Table items = store->table("items");
+    REQUIRE(store->write([&](WriteTxn& txn) -> boost::system::result<void> {
+      txn.put(items, "k", "v");
+      return {};
+    }));
+  }
+  const auto db = tmp.state() / "db";
+  rawPut(db, "meta", "schema_version", std::to_string(kSchemaVersion + 1));
+  const std::string before = readFile(db / "data.mdb");
+
+  // Even with a new table in the list, which an accepted open would create.
+  auto refused = Store::open(options(tmp.state(), {"items", "other", "brand-new"}));
+  REQUIRE(refused.has_error());
+  CHECK(refused.error().code == StoreErrc::versionMismatch);
+  CHECK_THAT(refused.error().message,
+             Catch::Contains("schema version " + std::to_string(kSchemaVersion + 1)) &&
+                 Catch::Contains("supports (" + std::to_string(kSchemaVersion) + ")"));
+  CHECK(readFile(db / "data.mdb") == before);
+  CHECK(rawGet(db, "brand-new", "anything") == std::nullopt);
+
+  // The refusal released the lock: after a downgrade of the row the store opens again.
+  rawPut(db, "meta", "schema_version", std::to_string(kSchemaVersion));
+  auto store = openOrFail(options(tmp.state()));
+  auto value = store->read([&](ReadTxn& txn) { return txn.getCopy(store->table("items"), "k"); });
+  REQUIRE(value);
+  CHECK(*value == "v");
+}
+
+TEST_CASE("an unreadable schema version is reported as corrupt") {
+  TempDir tmp;
+  { openOrFail(options(tmp.state())); }
+  rawPut(tmp.state() / "db", "meta", "schema_version", "one");
+  auto refused = Store::open(options(tmp.state()));
+  REQUIRE(refused.has_error());
+  CHECK(refused.error().code == StoreErrc::corrupt);
+  CHECK_THAT(refused.error().message, Catch::Contains("'one'"));
+}
+
+TEST_CASE("a foreign LMDB database in the state directory is refused, not adopted") {
+  TempDir tmp;
+  std::filesystem::create_directories(tmp.state());
+  rawPut(tmp.state() / "db", "", "someone-else", "data");
+  auto refused = Store::open(options(tmp.state()));
+  REQUIRE(refused.has_error());
+  CHECK(refused.error().code == StoreErrc::corrupt);
+  CHECK_THAT(refused.error().message, Catch::Contains("not a toolhost state database"));
+}
+
+TEST_CASE("a data file that is not LMDB is refused as corrupt") {
+  TempDir tmp;
+  std::filesystem::create_directories(tmp.state() / "db");
+  {
+    std::ofstream junk(tmp.state() / "db" / "data.mdb", std::ios::binary);
+    junk << std::string(16384, 'j');
+  }
+  auto refused = Store::open(options(tmp.state()));
+  REQUIRE(refused.has_error());
+  CHECK(refused.error().code == StoreErrc::corrupt);
+  CHECK_THAT(refused.error().message, Catch::Contains("not an LMDB file"));
+}

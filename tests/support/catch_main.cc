@@ -1,0 +1,3 @@
+#define CATCH_CONFIG_ENABLE_OPTIONAL_STRINGMAKER
+#define CATCH_CONFIG_MAIN
+#include <catch2/catch.hpp>

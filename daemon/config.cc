@@ -11,6 +11,7 @@
 #include <array>
 #include <cstdlib>
 #include <sstream>
+#include <type_traits>
 
 namespace toolhost::daemon {
 namespace fs = std::filesystem;
@@ -136,7 +137,14 @@ bool validLogLevel(const std::string& level) {
 
 }  // namespace
 
-fs::path defaultSocketPath() { return protocol::defaultSocketPath(); }
+fs::path defaultSocketPath() {
+  // Under systemd without socket activation: RuntimeDirectory=toolhost, where toolhost.socket
+  // would put it too. toolhostctl does not see this variable; it finds the same path by uid.
+  if (auto runtime = env("RUNTIME_DIRECTORY")) {
+    return fs::path(runtime->substr(0, runtime->find(':'))) / "toolhost.sock";
+  }
+  return protocol::defaultSocketPath();
+}
 
 fs::path defaultStateDir() {
   if (auto systemd = env("STATE_DIRECTORY")) {
@@ -248,6 +256,89 @@ Result loadConfig(const CommandLine& commandLine) {
   }
   if (config.socketPath.empty()) return ConfigError{"the socket path is empty"};
   return config;
+}
+
+namespace {
+
+const char* logFormatName(LogFormat format) {
+  switch (format) {
+    case LogFormat::automatic: return "auto";
+    case LogFormat::text: return "text";
+    case LogFormat::json: return "json";
+  }
+  return "?";
+}
+
+bool sameRules(const AccessRules& a, const AccessRules& b) {
+  const auto& x = a.rules();
+  const auto& y = b.rules();
+  if (x.size() != y.size()) return false;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    if (x[i].uid != y[i].uid || x[i].gid != y[i].gid || !(x[i].roles == y[i].roles)) return false;
+  }
+  return true;
+}
+
+template <typename T>
+std::string text(const T& value) {
+  if constexpr (std::is_same_v<T, fs::path>) {
+    return value.string();
+  } else if constexpr (std::is_same_v<T, std::string>) {
+    return value;
+  } else {
+    return std::to_string(value);
+  }
+}
+
+template <typename T>
+void compare(std::vector<std::string>& out, const char* name, const T& before, const T& after) {
+  if (before != after) {
+    out.push_back(std::string(name) + ": " + text(before) + " -> " + text(after));
+  }
+}
+
+std::string groupText(const std::optional<gid_t>& gid) {
+  return gid ? "gid " + std::to_string(*gid) : "none";
+}
+
+}  // namespace
+
+ConfigChanges reconcileReload(const Config& running, Config& next) {
+  ConfigChanges changes;
+  auto& applied = changes.applied;
+  compare(applied, "limits.max_message_bytes", running.limits.maxMessageBytes,
+          next.limits.maxMessageBytes);
+  compare(applied, "limits.max_depth", running.limits.maxDepth, next.limits.maxDepth);
+  compare(applied, "limits.max_batch", running.limits.maxBatch, next.limits.maxBatch);
+  compare(applied, "limits.max_in_flight", running.limits.maxInFlight, next.limits.maxInFlight);
+  compare(applied, "log.level", running.logLevel, next.logLevel);
+  compare(applied, "server.shutdown_grace_ms", running.shutdownGrace.count(),
+          next.shutdownGrace.count());
+  if (!sameRules(running.access, next.access)) {
+    applied.push_back("access: " + std::to_string(running.access.rules().size()) + " rule(s) -> " +
+                      std::to_string(next.access.rules().size()) + " rule(s)");
+  }
+
+  auto& restart = changes.needRestart;
+  compare(restart, "server.socket", running.socketPath, next.socketPath);
+  if (running.socketGroup != next.socketGroup) {
+    restart.push_back("server.socket_group: " + groupText(running.socketGroup) + " -> " +
+                      groupText(next.socketGroup));
+  }
+  compare(restart, "state.dir", running.stateDir, next.stateDir);
+  compare(restart, "store.map_size_mb", running.mapSizeMb, next.mapSizeMb);
+  compare(restart, "server.io_threads", running.ioThreads, next.ioThreads);
+  if (running.logFormat != next.logFormat) {
+    restart.push_back(std::string("log.format: ") + logFormatName(running.logFormat) + " -> " +
+                      logFormatName(next.logFormat));
+  }
+  next.socketPath = running.socketPath;
+  next.socketGroup = running.socketGroup;
+  next.stateDir = running.stateDir;
+  next.mapSizeMb = running.mapSizeMb;
+  next.ioThreads = running.ioThreads;
+  next.logFormat = running.logFormat;
+  return changes;
 }
 
 }  // namespace toolhost::daemon

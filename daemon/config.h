@@ -12,8 +12,11 @@
 #include <chrono>
 #include <cstddef>
 #include <filesystem>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace toolhost::daemon {
 
@@ -46,14 +49,45 @@ struct ConfigError {
   std::string detail;  // names the file, the key and what is wrong
 };
 
-// Socket path when neither flag, config nor TOOLHOST_SOCKET names one: /run/toolhost/toolhost.sock
-// for root, $XDG_RUNTIME_DIR/toolhost/toolhost.sock, else /tmp/toolhost-<uid>/toolhost.sock.
+// Socket path when neither flag, config nor TOOLHOST_SOCKET names one:
+// $RUNTIME_DIRECTORY/toolhost.sock (systemd), /run/toolhost/toolhost.sock for root,
+// $XDG_RUNTIME_DIR/toolhost/toolhost.sock, else /tmp/toolhost-<uid>/toolhost.sock.
 std::filesystem::path defaultSocketPath();
 // State directory when none is given: $STATE_DIRECTORY (systemd), /var/lib/toolhost for root,
 // $XDG_STATE_HOME/toolhost, else ~/.local/state/toolhost.
 std::filesystem::path defaultStateDir();
 
 boost::system::result<Config, ConfigError> loadConfig(const CommandLine& commandLine);
+
+// The configuration in force. A reload (SIGHUP) swaps it whole; any thread may take a snapshot,
+// and a connection keeps the one it took when it was accepted.
+class ConfigHolder {
+ public:
+  explicit ConfigHolder(Config initial)
+      : current_(std::make_shared<const Config>(std::move(initial))) {}
+  std::shared_ptr<const Config> current() const {
+    std::lock_guard lock(mutex_);
+    return current_;
+  }
+  void replace(std::shared_ptr<const Config> next) {
+    std::lock_guard lock(mutex_);
+    current_ = std::move(next);
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::shared_ptr<const Config> current_;
+};
+
+// What a reload changes, in words for the log ("limits.max_batch: 256 -> 16").
+struct ConfigChanges {
+  std::vector<std::string> applied;      // in force from now on
+  std::vector<std::string> needRestart;  // ignored until the daemon restarts
+};
+// Compares the configuration in force with a newly loaded one. Settings only a restart can apply
+// (socket, socket group, state directory, map size, I/O threads, log format) are copied from
+// `running` into `next`, so `next` describes what is really in force once it is swapped in.
+ConfigChanges reconcileReload(const Config& running, Config& next);
 
 // The longest path a Unix socket address can hold (sun_path minus its terminating NUL).
 inline constexpr std::size_t kMaxSocketPathBytes = 107;

@@ -7,13 +7,18 @@
 #include "daemon/meta_methods.h"
 #include "daemon/method_table.h"
 #include "daemon/server.h"
+#include "daemon/systemd.h"
+#include "daemon/task_methods.h"
+#include "daemon/tool_methods.h"
+#include "registry/native_tools.h"
+#include "registry/registry.h"
+#include "registry/tasks.h"
 #include "runtime/v8_platform.h"
 #include "store/store.h"
 
 #include <CLI/CLI.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/io_context.hpp>
-#include <boost/asio/signal_set.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
@@ -32,7 +37,17 @@ using namespace toolhost;
 
 namespace {
 
-int run(const daemon::Config& config) {
+int run(const daemon::Config& config, const daemon::CommandLine& commandLine) {
+  // systemd: the socket it passed and the watchdog period leave the environment before any
+  // thread starts (daemon/systemd.h).
+  auto systemd = daemon::SystemdService::fromEnvironment();
+  if (!systemd) {
+    spdlog::critical("{}", systemd.error().detail);
+    return 1;
+  }
+  // The configuration in force: SIGHUP swaps it; connections take a snapshot when accepted.
+  daemon::ConfigHolder configs(config);
+
   std::error_code ec;
   std::filesystem::create_directories(config.stateDir, ec);
   if (ec) {
@@ -46,6 +61,8 @@ int run(const daemon::Config& config) {
   store::Options storeOptions;
   storeOptions.stateDir = config.stateDir;
   storeOptions.mapSizeMb = config.mapSizeMb;
+  for (auto& table : registry::Registry::tables()) storeOptions.tables.push_back(table);
+  for (auto& table : registry::TaskStore::tables()) storeOptions.tables.push_back(table);
   auto opened = store::Store::open(storeOptions);
   if (!opened) {
     spdlog::critical("{}", opened.error().message);
@@ -53,9 +70,19 @@ int run(const daemon::Config& config) {
   }
   store::Store& store = **opened;
 
+  registry::Registry registry(store);
+  for (auto& native : registry::builtinNativeTools()) {
+    std::string name(native.manifest.at("name").as_string());
+    if (auto registered = registry.registerNative(std::move(native)); !registered) {
+      spdlog::critical("cannot register the built-in tool {}: {}", name, registered.error().detail);
+      return 1;
+    }
+  }
+  registry::TaskStore taskStore(store, registry);
+
   daemon::DaemonFacts facts;
   facts.version = TOOLHOST_VERSION;
-  facts.config = &config;
+  facts.config = &configs;
   facts.healthChecks.push_back(daemon::HealthCheck{"store", [&store] {
     auto stats = store.stats();
     if (!stats) return boost::json::object{{"ok", false}, {"detail", store.describe(stats.error())}};
@@ -67,40 +94,24 @@ int run(const daemon::Config& config) {
 
   daemon::MethodTable methods;
   daemon::registerMetaMethods(methods, facts);
+  daemon::registerToolMethods(methods, daemon::ToolServices{registry});
+  daemon::registerTaskMethods(methods, taskStore);
   daemon::Dispatcher dispatcher(methods);
 
   asio::io_context io(static_cast<int>(config.ioThreads));
-  daemon::Server server(io, config, dispatcher);
+  daemon::Server server(io, configs, dispatcher);
   facts.connectionCount = [&server] { return server.connectionCount(); };
-  if (auto listening = server.listen(); !listening) {
+  if (auto listening = systemd->listen(server, configs); !listening) {
     spdlog::critical("{}", listening.error().detail);
     return 1;
   }
 
-  asio::signal_set signals(io, SIGINT, SIGTERM);
-  bool stopping = false;
-  std::function<void(const boost::system::error_code&, int)> onSignal;
-  onSignal = [&](const boost::system::error_code& error, int number) {
-    if (error) return;
-    if (stopping) {
-      spdlog::warn("second signal ({}); exiting now", number);
-      io.stop();
-      return;
-    }
-    stopping = true;
-    spdlog::info("signal {}: no new connections; finishing requests in flight (up to {} ms)",
-                 number, config.shutdownGrace.count());
-    asio::co_spawn(io, server.shutdown(config.shutdownGrace), [&io](std::exception_ptr) {
-      spdlog::info("stopped");
-      io.stop();
-    });
-    signals.async_wait(onSignal);
-  };
-  signals.async_wait(onSignal);
-
+  // SIGTERM/SIGINT stop gracefully, SIGHUP reloads; READY=1, STATUS= and WATCHDOG=1 to systemd.
+  daemon::ServiceLifecycle lifecycle(io, server, configs, *systemd, commandLine);
+  lifecycle.start();
   server.start();
   spdlog::info("toolhostd {} listening on {} (state in {}, V8 {})", facts.version,
-               config.socketPath.string(), config.stateDir.string(), runtime::v8Version());
+               server.socketPath().string(), config.stateDir.string(), runtime::v8Version());
 
   std::vector<std::thread> threads;
   for (unsigned i = 1; i < config.ioThreads; ++i) threads.emplace_back([&io] { io.run(); });
@@ -140,7 +151,7 @@ int main(int argc, char** argv) {
   daemon::setupLogging(config->logLevel, config->logFormat);
   std::signal(SIGPIPE, SIG_IGN);
   try {
-    return run(*config);
+    return run(*config, commandLine);
   } catch (const std::exception& error) {
     spdlog::critical("fatal: {}", error.what());
     return 1;

@@ -79,7 +79,8 @@ void registerMetaMethods(MethodTable& methods, const DaemonFacts& facts) {
       {},
       schema(R"({"type":"object","required":["name","version","v8Version","uptimeMs","caller","limits"]})"),
       [&facts](CallContext& context, json::object) -> asio::awaitable<MethodResult> {
-        const Config& config = *facts.config;
+        auto snapshot = facts.config->current();
+        const Config& config = *snapshot;
         json::object caller{{"uid", context.peer.uid},
                             {"gid", context.peer.gid},
                             {"pid", context.peer.pid},

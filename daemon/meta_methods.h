@@ -23,7 +23,7 @@ struct DaemonFacts {
   std::string version;
   std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
   std::chrono::system_clock::time_point startedWall = std::chrono::system_clock::now();
-  const Config* config = nullptr;
+  const ConfigHolder* config = nullptr;  // the configuration in force (a reload swaps it)
   std::function<std::size_t()> connectionCount;
   std::vector<HealthCheck> healthChecks;
 };

@@ -54,9 +54,11 @@ void logIfThrew(const char* what, std::exception_ptr error) {
 
 }  // namespace
 
-Server::Server(asio::io_context& io, const Config& config, Dispatcher& dispatcher)
+Server::Server(asio::io_context& io, const ConfigHolder& configs, Dispatcher& dispatcher)
     : io_(io),
-      config_(config),
+      configs_(configs),
+      startup_(configs.current()),
+      socketPath_(startup_->socketPath),
       dispatcher_(dispatcher),
       acceptStrand_(asio::make_strand(io)),
       acceptor_(acceptStrand_) {}
@@ -64,7 +66,8 @@ Server::Server(asio::io_context& io, const Config& config, Dispatcher& dispatche
 Server::~Server() { unlinkSocket(); }
 
 boost::system::result<void, ServerError> Server::listen() {
-  const fs::path& path = config_.socketPath;
+  const Config& config = *startup_;
+  const fs::path& path = config.socketPath;
   if (path.native().size() > kMaxSocketPathBytes) {
     return ServerError{"socket path " + path.string() + " is longer than " +
                        std::to_string(kMaxSocketPathBytes) + " bytes"};
@@ -75,9 +78,9 @@ boost::system::result<void, ServerError> Server::listen() {
     fs::create_directories(parent, ec);
     if (ec) return ServerError{"cannot create " + parent.string() + ": " + ec.message()};
     // Only the owner (and the socket's group, if configured) may reach the socket.
-    ::chmod(parent.c_str(), config_.socketGroup ? 0710 : 0700);
-    if (config_.socketGroup) {
-      if (::chown(parent.c_str(), static_cast<uid_t>(-1), *config_.socketGroup) != 0) {
+    ::chmod(parent.c_str(), config.socketGroup ? 0710 : 0700);
+    if (config.socketGroup) {
+      if (::chown(parent.c_str(), static_cast<uid_t>(-1), *config.socketGroup) != 0) {
         return ServerError{"cannot give " + parent.string() + " to the socket group: " +
                            errnoText(errno)};
       }
@@ -117,8 +120,8 @@ boost::system::result<void, ServerError> Server::listen() {
     ::close(fd);
     return ServerError{"cannot bind " + path.string() + ": " + errnoText(bindError)};
   }
-  if (config_.socketGroup) {
-    if (::chown(path.c_str(), static_cast<uid_t>(-1), *config_.socketGroup) != 0 ||
+  if (config.socketGroup) {
+    if (::chown(path.c_str(), static_cast<uid_t>(-1), *config.socketGroup) != 0 ||
         ::chmod(path.c_str(), 0660) != 0) {
       int error = errno;
       ::close(fd);
@@ -137,13 +140,14 @@ boost::system::result<void, ServerError> Server::listen() {
     unlinkSocket();
     return ServerError{"cannot listen on " + path.string() + ": " + errnoText(error)};
   }
-  return adopt(fd);
+  return adopt(fd, path);
 }
 
-boost::system::result<void, ServerError> Server::adopt(int listeningFd) {
+boost::system::result<void, ServerError> Server::adopt(int listeningFd, fs::path path) {
   boost::system::error_code ec;
   acceptor_.assign(stream_protocol(), listeningFd, ec);
   if (ec) return ServerError{"cannot use the listening socket: " + ec.message()};
+  socketPath_ = std::move(path);
   return {};
 }
 
@@ -156,9 +160,9 @@ void Server::unlinkSocket() {
   ownsSocketFile_ = false;
   // Only remove the file if it is still the one we created.
   struct stat current {};
-  if (::lstat(config_.socketPath.c_str(), &current) == 0 && current.st_dev == socketDevice_ &&
+  if (::lstat(socketPath_.c_str(), &current) == 0 && current.st_dev == socketDevice_ &&
       current.st_ino == socketInode_) {
-    ::unlink(config_.socketPath.c_str());
+    ::unlink(socketPath_.c_str());
   }
 }
 
@@ -188,7 +192,9 @@ void Server::startSession(stream_protocol::socket socket) {
     return;
   }
   PeerCredentials peer{credentials.pid, credentials.uid, credentials.gid};
-  RoleSet roles = config_.access.rolesFor(peer);
+  // The connection keeps the access rules and limits in force now, whatever a reload does later.
+  std::shared_ptr<const Config> config = configs_.current();
+  RoleSet roles = config->access.rolesFor(peer);
   if (roles.empty()) {
     spdlog::warn("conn={} refused uid={} gid={} pid={}: no access rule allows it", id, peer.uid,
                  peer.gid, peer.pid);
@@ -212,7 +218,7 @@ void Server::startSession(stream_protocol::socket socket) {
   spdlog::debug("conn={} open uid={} gid={} pid={} roles={}", id, peer.uid, peer.gid, peer.pid,
                 fmt::join(roles.names(), ","));
   auto session = std::make_shared<Session>(std::move(socket), id, peer, roles, dispatcher_,
-                                           config_.limits);
+                                           config->limits);
   {
     std::lock_guard lock(mutex_);
     sessions_.emplace(id, session);

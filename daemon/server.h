@@ -1,7 +1,8 @@
 // The Unix-socket server: binds the socket (stale-socket replacement, modes, group), accepts
-// connections, maps each peer's SO_PEERCRED credentials to roles, and runs one Session per
-// connection on its own strand. Shutdown stops accepting and lets sessions finish within a grace
-// period. Created on the main thread; its coroutines run on the io_context's threads.
+// connections, maps each peer's SO_PEERCRED credentials to roles (from the configuration in force
+// when the connection is accepted), and runs one Session per connection on its own strand.
+// Shutdown stops accepting and lets sessions finish within a grace period. Created on the main
+// thread; its coroutines run on the io_context's threads.
 #pragma once
 
 #include "daemon/config.h"
@@ -29,13 +30,16 @@ struct ServerError {
 
 class Server {
  public:
-  Server(boost::asio::io_context& io, const Config& config, Dispatcher& dispatcher);
+  // Socket path and group come from the configuration in force now; access rules and wire limits
+  // are read again for every accepted connection, so a reload applies to new connections.
+  Server(boost::asio::io_context& io, const ConfigHolder& configs, Dispatcher& dispatcher);
   ~Server();
 
   // Binds and listens, or says clearly why not. Main thread, before the io_context runs.
   boost::system::result<void, ServerError> listen();
-  // Adopts an already listening socket (systemd socket activation).
-  boost::system::result<void, ServerError> adopt(int listeningFd);
+  // Adopts an already listening socket bound at `path` (systemd socket activation). The socket
+  // file belongs to whoever created it and is never unlinked.
+  boost::system::result<void, ServerError> adopt(int listeningFd, std::filesystem::path path);
   void start();
 
   // Stops accepting, lets sessions finish what is in flight for up to `grace`, then aborts the
@@ -44,7 +48,7 @@ class Server {
 
   std::size_t connectionCount() const;
   std::uint64_t connectionsAccepted() const { return nextId_.load() - 1; }
-  const std::filesystem::path& socketPath() const { return config_.socketPath; }
+  const std::filesystem::path& socketPath() const { return socketPath_; }
 
  private:
   boost::asio::awaitable<void> acceptLoop();
@@ -53,7 +57,9 @@ class Server {
   void unlinkSocket();
 
   boost::asio::io_context& io_;
-  const Config& config_;
+  const ConfigHolder& configs_;
+  std::shared_ptr<const Config> startup_;  // socket path and group: a restart changes them
+  std::filesystem::path socketPath_;
   Dispatcher& dispatcher_;
   boost::asio::strand<boost::asio::io_context::executor_type> acceptStrand_;
   boost::asio::local::stream_protocol::acceptor acceptor_;

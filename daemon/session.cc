@@ -160,11 +160,53 @@ void Session::handleLine(std::string_view line) {
   if (batch->remaining == 0) finishBatch(*batch);
 }
 
+bool Session::cancelById(const json::value& id) {
+  auto [begin, end] = requestKeysById_.equal_range(protocol::writeJson(id));
+  bool found = false;
+  for (auto it = begin; it != end; ++it) {
+    if (auto request = requests_.find(it->second); request != requests_.end()) {
+      request->second->emit(asio::cancellation_type::terminal);
+      found = true;
+    }
+  }
+  return found;
+}
+
 void Session::spawnRequest(protocol::Request request, std::shared_ptr<BatchState> batch,
                            std::size_t index) {
+  // $/cancelRequest {id} is handled here, on the connection, not by the method table: it reaches
+  // only this connection's requests.
+  if (request.method == "$/cancelRequest") {
+    const auto* target = request.params.is_object() ? request.params.as_object().if_contains("id") : nullptr;
+    std::optional<json::value> response;
+    if (target == nullptr || !(target->is_string() || target->is_number())) {
+      if (request.id) {
+        response = protocol::errorResponse(
+            *request.id, protocol::makeError(protocol::rpc_error::kInvalidParams, "invalid-params",
+                                             "params.id: the id (string or number) of a request on this connection"));
+      }
+    } else {
+      bool cancelled = cancelById(*target);
+      spdlog::debug("conn={} $/cancelRequest {}: {}", id_, protocol::writeJson(*target),
+                    cancelled ? "cancelled" : "no such request in flight");
+      if (request.id) {
+        response = protocol::resultResponse(*request.id, json::object{{"cancelled", cancelled}});
+      }
+    }
+    if (batch) {
+      if (response) batch->responses[index] = std::move(*response);
+      if (--batch->remaining == 0) finishBatch(*batch);
+    } else if (response) {
+      enqueue(protocol::encodeLine(*response), 1);
+    } else {
+      releaseSlots(1);
+    }
+    return;
+  }
   auto key = nextRequestKey_++;
   auto signal = std::make_shared<asio::cancellation_signal>();
   requests_.emplace(key, signal);
+  if (request.id) requestKeysById_.emplace(protocol::writeJson(*request.id), key);
   asio::co_spawn(socket_.get_executor(),
                  serveRequest(shared_from_this(), std::move(request), std::move(batch), index, key),
                  asio::bind_cancellation_slot(signal->slot(), [id = id_](std::exception_ptr e) {
@@ -181,8 +223,19 @@ asio::awaitable<void> Session::serveRequest(std::shared_ptr<Session> self, proto
   context.peer = peer_;
   context.roles = roles_;
   context.session = self;
+  std::optional<std::string> idText;
+  if (request.id) idText = protocol::writeJson(*request.id);
   auto response = co_await dispatcher_.serve(context, std::move(request));
   requests_.erase(key);
+  if (idText) {
+    auto [begin, end] = requestKeysById_.equal_range(*idText);
+    for (auto it = begin; it != end; ++it) {
+      if (it->second == key) {
+        requestKeysById_.erase(it);
+        break;
+      }
+    }
+  }
   if (batch) {
     if (response) batch->responses[index] = std::move(*response);
     if (--batch->remaining == 0) finishBatch(*batch);

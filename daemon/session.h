@@ -72,6 +72,8 @@ class Session : public std::enable_shared_from_this<Session> {
   void releaseSlots(std::size_t slots);
   void wake();
   void cancelAll();
+  // $/cancelRequest: cancels this connection's in-flight request with that id; true if found.
+  bool cancelById(const boost::json::value& id);
   void peerGone();
   bool peerHungUp() const;
 
@@ -93,6 +95,7 @@ class Session : public std::enable_shared_from_this<Session> {
   std::size_t queuedBytes_ = 0;
   std::uint64_t nextRequestKey_ = 1;
   std::map<std::uint64_t, std::shared_ptr<boost::asio::cancellation_signal>> requests_;
+  std::multimap<std::string, std::uint64_t> requestKeysById_;  // JSON id text -> request key
 };
 
 }  // namespace toolhost::daemon

@@ -1,0 +1,158 @@
+#include "daemon/task_methods.h"
+
+#include "daemon/registry_errors.h"
+
+#include <spdlog/spdlog.h>
+#include <boost/json/parse.hpp>
+
+namespace toolhost::daemon {
+namespace asio = boost::asio;
+namespace json = boost::json;
+using registry::RegistryErrc;
+
+namespace {
+
+json::value schema(std::string_view text) { return json::parse(text); }
+
+json::value paramsWith(json::object properties, std::initializer_list<std::string_view> required) {
+  json::array requiredList;
+  for (auto name : required) requiredList.emplace_back(name);
+  return json::object{{"type", "object"},
+                      {"additionalProperties", false},
+                      {"properties", std::move(properties)},
+                      {"required", std::move(requiredList)}};
+}
+
+// No `pattern`: valijson evaluates it with std::regex, which overflows the stack on long input.
+// The TaskStore checks the exact form of every id.
+const json::value kTaskId = schema(
+    R"({"type":"string","minLength":50,"maxLength":50,"description":"a task id: sha256: and 43 base64url characters"})");
+
+// Items are only objects here: the TaskStore checks each task's shape and names the offending
+// member ("drafts[2].call.name: ..."), which a schema violation could not say as well.
+const json::value kTaskObject = schema(R"({"type":"object"})");
+
+json::value batchOf(std::size_t maxItems, json::value items, std::string_view description) {
+  return json::object{
+      {"type", "array"},
+      {"minItems", 1},
+      {"maxItems", static_cast<std::int64_t>(maxItems)},  // valijson reads int64 only
+      {"items", std::move(items)},
+      {"description", description}};
+}
+
+// Integrity and storage failures are the daemon's problem, not the caller's: logged with the
+// request they broke.
+MethodResult failure(const CallContext& context, std::string_view method,
+                     const registry::RegistryError& error) {
+  if (error.code == RegistryErrc::integrity || error.code == RegistryErrc::storage) {
+    spdlog::warn("conn={} req={} {}: {}", context.connectionId, context.requestId, method,
+                 error.detail);
+  }
+  return toRpcError(error);
+}
+
+std::string idParam(const json::object& params) { return std::string(params.at("id").as_string()); }
+
+}  // namespace
+
+void registerTaskMethods(MethodTable& methods, registry::TaskStore& tasks) {
+  const registry::TaskLimits& limits = tasks.limits();
+  const json::value taskSchema = schema(R"({"type":"object","required":["id","kind","role"]})");
+
+  methods.add(MethodSpec{
+      "tasks.compile",
+      "Links drafts into a chain under parentId (or as a new root) and pins every function call to "
+      "{name, toolRevision, settingsRevision?, arguments}: a name resolves through the nearest "
+      "tooldefinition in the lineage, then the registry binding. Drafts carry neither id nor "
+      "parentId. Writes nothing; returns {tasks} with their ids, ready for tasks.commit.",
+      RoleSet{Role::agent},
+      paramsWith(
+          json::object{
+              {"drafts",
+               batchOf(
+                   limits.maxBatch, kTaskObject,
+                   "task drafts in order: {kind, role, priorId?, ...}; kind message {content}, "
+                   "functioncall {call: {name, arguments}}, toolresult {callId, result | error}, "
+                   "tooldefinition {definition: {name, description, parameters, implementation}}")},
+              {"parentId", kTaskId}},
+          {"drafts"}),
+      schema(R"({"type":"object","required":["tasks"],"properties":{"tasks":{"type":"array"}}})"),
+      [&tasks](CallContext& context, json::object params) -> asio::awaitable<MethodResult> {
+        std::optional<std::string> parentId;
+        if (const auto* parent = params.if_contains("parentId"))
+          parentId = std::string(parent->as_string());
+        auto compiled = tasks.compile(params.at("drafts").as_array(), parentId);
+        if (!compiled) co_return failure(context, "tasks.compile", compiled.error());
+        co_return json::value(json::object{{"tasks", std::move(*compiled)}});
+      }});
+
+  methods.add(MethodSpec{
+      "tasks.commit",
+      "Verifies every task (its id re-computed, its parentId and priorId stored or earlier in the "
+      "batch, every call pinned to a revision that resolves, every toolresult answering a call of "
+      "its lineage) and then stores them all in one transaction; one bad task and nothing is "
+      "written. Committing stored tasks again is harmless. Returns {ids, created}.",
+      RoleSet{Role::agent},
+      paramsWith(json::object{{"tasks", batchOf(limits.maxBatch, kTaskObject,
+                                                "tasks as tasks.compile returns them")}},
+                 {"tasks"}),
+      schema(R"({"type":"object","required":["ids","created"],"properties":{
+          "ids":{"type":"array","items":{"type":"string"}},"created":{"type":"integer"}}})"),
+      [&tasks](CallContext& context, json::object params) -> asio::awaitable<MethodResult> {
+        auto committed = tasks.commit(params.at("tasks").as_array());
+        if (!committed) co_return failure(context, "tasks.commit", committed.error());
+        json::array ids;
+        for (auto& id : committed->ids) ids.emplace_back(id);
+        co_return json::value(
+            json::object{{"ids", std::move(ids)}, {"created", committed->created}});
+      }});
+
+  methods.add(MethodSpec{
+      "tasks.get", "One stored task with its id, re-hashed on read.", RoleSet{Role::agent},
+      paramsWith(json::object{{"id", kTaskId}}, {"id"}), taskSchema,
+      [&tasks](CallContext& context, json::object params) -> asio::awaitable<MethodResult> {
+        auto task = tasks.get(idParam(params));
+        if (!task) co_return failure(context, "tasks.get", task.error());
+        co_return json::value(std::move(*task));
+      }});
+
+  methods.add(MethodSpec{
+      "tasks.lineage", "The task and its ancestors through parentId, root first: {tasks}.",
+      RoleSet{Role::agent}, paramsWith(json::object{{"id", kTaskId}}, {"id"}),
+      schema(R"({"type":"object","required":["tasks"],"properties":{"tasks":{"type":"array"}}})"),
+      [&tasks](CallContext& context, json::object params) -> asio::awaitable<MethodResult> {
+        auto lineage = tasks.lineage(idParam(params));
+        if (!lineage) co_return failure(context, "tasks.lineage", lineage.error());
+        co_return json::value(json::object{{"tasks", std::move(*lineage)}});
+      }});
+
+  methods.add(MethodSpec{
+      "tasks.providerTools",
+      "The tools visible at a task, as chat-completion APIs take them: {tools: [{type: "
+      "\"function\", function: {name, description, parameters}}]}, registry bindings merged with "
+      "the lineage's tooldefinitions (the nearest definition of a name wins), sorted by name.",
+      RoleSet{Role::agent}, paramsWith(json::object{{"id", kTaskId}}, {"id"}),
+      schema(R"({"type":"object","required":["tools"],"properties":{"tools":{"type":"array"}}})"),
+      [&tasks](CallContext& context, json::object params) -> asio::awaitable<MethodResult> {
+        auto tools = tasks.providerTools(idParam(params));
+        if (!tools) co_return failure(context, "tasks.providerTools", tools.error());
+        co_return json::value(json::object{{"tools", std::move(*tools)}});
+      }});
+
+  methods.add(MethodSpec{
+      "tasks.messages",
+      "The lineage of a task as chat-completion messages, root first, tooldefinitions left out: "
+      "{messages}. Function calls become assistant tool_calls (id: the call's task id), tool "
+      "results become tool messages.",
+      RoleSet{Role::agent}, paramsWith(json::object{{"id", kTaskId}}, {"id"}),
+      schema(
+          R"({"type":"object","required":["messages"],"properties":{"messages":{"type":"array"}}})"),
+      [&tasks](CallContext& context, json::object params) -> asio::awaitable<MethodResult> {
+        auto messages = tasks.messages(idParam(params));
+        if (!messages) co_return failure(context, "tasks.messages", messages.error());
+        co_return json::value(json::object{{"messages", std::move(*messages)}});
+      }});
+}
+
+}  // namespace toolhost::daemon

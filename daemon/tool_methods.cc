@@ -1,0 +1,265 @@
+#include "daemon/tool_methods.h"
+
+#include "daemon/registry_errors.h"
+
+#include <boost/json/parse.hpp>
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <ctime>
+
+namespace toolhost::daemon {
+namespace asio = boost::asio;
+namespace json = boost::json;
+using registry::RegistryErrc;
+
+namespace {
+
+json::value schema(std::string_view text) { return json::parse(text); }
+
+json::value paramsWith(json::object properties, std::initializer_list<std::string_view> required) {
+  json::array requiredList;
+  for (auto name : required) requiredList.emplace_back(name);
+  return json::object{{"type", "object"},
+                      {"additionalProperties", false},
+                      {"properties", std::move(properties)},
+                      {"required", std::move(requiredList)}};
+}
+
+const json::value kName = schema(R"({"type":"string","minLength":1,"maxLength":64,"description":"a tool name"})");
+const json::value kRevision =
+    schema(R"({"type":"string","minLength":50,"maxLength":50,"description":"a revision: sha256: and 43 base64url characters"})");
+
+json::object revisionSummary(const registry::ToolRevision& tool, bool active) {
+  return json::object{{"name", tool.name},
+                      {"revision", tool.revision},
+                      {"class", registry::executionClassName(tool.executionClass)},
+                      {"description", tool.manifest.at("description")},
+                      {"installedAt", tool.installedAt},
+                      {"active", active}};
+}
+
+std::int64_t msSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start).count();
+}
+
+std::int64_t threadCpuMicros() {
+  timespec now{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &now);
+  return static_cast<std::int64_t>(now.tv_sec) * 1000000 + now.tv_nsec / 1000;
+}
+
+}  // namespace
+
+void registerToolMethods(MethodTable& methods, ToolServices services) {
+  registry::Registry& registry = services.registry;
+
+  methods.add(MethodSpec{
+      "tools.install",
+      "Validates and stores a tool manifest. The revision is the content hash of the manifest "
+      "exactly as submitted; installing the same manifest again writes nothing. Returns {revision, "
+      "name, created}.",
+      RoleSet{Role::admin},
+      paramsWith(json::object{{"manifest", registry::Registry::manifestSchema()}}, {"manifest"}),
+      schema(R"({"type":"object","required":["revision","name","created"]})"),
+      [&registry](CallContext&, json::object params) -> asio::awaitable<MethodResult> {
+        auto outcome = registry.install(params.at("manifest").as_object());
+        if (!outcome) co_return toRpcError(outcome.error());
+        co_return json::value(json::object{
+            {"revision", outcome->revision}, {"name", outcome->name}, {"created", outcome->created}});
+      }});
+
+  methods.add(MethodSpec{
+      "tools.activate",
+      "Binds a name to one of its revisions. Moving an existing binding needs replace: true; the "
+      "answer lists what changed in requested capabilities and limits.",
+      RoleSet{Role::admin},
+      paramsWith(json::object{{"name", kName}, {"revision", kRevision}, {"replace", schema(R"({"type":"boolean"})")}},
+                 {"name", "revision"}),
+      schema(R"({"type":"object","required":["name","revision","changed"]})"),
+      [&registry](CallContext&, json::object params) -> asio::awaitable<MethodResult> {
+        const auto* replace = params.if_contains("replace");
+        auto outcome = registry.activate(std::string(params.at("name").as_string()),
+                                         std::string(params.at("revision").as_string()),
+                                         replace != nullptr && replace->as_bool());
+        if (!outcome) co_return toRpcError(outcome.error());
+        json::object answer{{"name", outcome->name},
+                            {"revision", outcome->revision},
+                            {"changed", outcome->changed},
+                            {"previous", outcome->previous ? json::value(*outcome->previous) : json::value(nullptr)},
+                            {"changes", outcome->changes}};
+        co_return json::value(std::move(answer));
+      }});
+
+  methods.add(MethodSpec{
+      "tools.configure",
+      "Stores settings for one tool revision, content-addressed; they become that revision's "
+      "current settings. Returns {settingsRevision, created}.",
+      RoleSet{Role::admin},
+      paramsWith(json::object{{"name", kName}, {"revision", kRevision}, {"settings", schema(R"({"type":"object"})")}},
+                 {"name", "revision", "settings"}),
+      schema(R"({"type":"object","required":["settingsRevision","created"]})"),
+      [&registry](CallContext&, json::object params) -> asio::awaitable<MethodResult> {
+        auto outcome = registry.configure(std::string(params.at("name").as_string()),
+                                          std::string(params.at("revision").as_string()),
+                                          params.at("settings").as_object());
+        if (!outcome) co_return toRpcError(outcome.error());
+        co_return json::value(
+            json::object{{"settingsRevision", outcome->settingsRevision}, {"created", outcome->created}});
+      }});
+
+  methods.add(MethodSpec{
+      "tools.get",
+      "One tool revision with its manifest: by name (the active revision), by revision, or both "
+      "(the revision must carry the name).",
+      RoleSet{Role::agent},
+      paramsWith(json::object{{"name", kName}, {"revision", kRevision}}, {}),
+      schema(R"({"type":"object","required":["name","revision","manifest","active"]})"),
+      [&registry](CallContext&, json::object params) -> asio::awaitable<MethodResult> {
+        std::optional<std::string> name;
+        if (const auto* given = params.if_contains("name")) name = std::string(given->as_string());
+        registry::Result<registry::ToolRevisionPtr> tool = registry::RegistryError{RegistryErrc::notFound, ""};
+        if (const auto* revision = params.if_contains("revision")) {
+          tool = registry.getRevision(std::string(revision->as_string()), name);
+        } else if (name) {
+          tool = registry.getActive(*name);
+        } else {
+          co_return invalidParams("params: give name, revision, or both");
+        }
+        if (!tool) co_return toRpcError(tool.error());
+        auto binding = registry.tryBinding((*tool)->name);
+        bool active = binding && binding->revision == (*tool)->revision;
+        auto answer = revisionSummary(**tool, active);
+        answer["manifest"] = (*tool)->manifest;
+        if (auto settings = registry.trySettingsRevision((*tool)->name, (*tool)->revision)) {
+          answer["settingsRevision"] = *settings;
+        }
+        co_return json::value(std::move(answer));
+      }});
+
+  methods.add(MethodSpec{
+      "tools.list",
+      "The active bindings: every tool a call by name reaches, with its revision and class.",
+      RoleSet{Role::agent},
+      {},
+      schema(R"({"type":"object","required":["tools"]})"),
+      [&registry](CallContext&, json::object) -> asio::awaitable<MethodResult> {
+        auto bindings = registry.list();
+        if (!bindings) co_return toRpcError(bindings.error());
+        json::array tools;
+        for (const auto& binding : *bindings) {
+          auto tool = registry.getRevision(binding.revision, binding.name);
+          if (!tool) {
+            spdlog::warn("tools.list: {} -> {}: {}", binding.name, binding.revision, tool.error().detail);
+            tools.push_back(json::object{{"name", binding.name},
+                                         {"revision", binding.revision},
+                                         {"error", tool.error().detail}});
+            continue;
+          }
+          auto summary = revisionSummary(**tool, true);
+          summary["activatedAt"] = binding.activatedAt;
+          tools.push_back(std::move(summary));
+        }
+        co_return json::value(json::object{{"tools", std::move(tools)}});
+      }});
+
+  methods.add(MethodSpec{
+      "tools.history",
+      "Every revision installed under a name, oldest first, with its install time and which is active.",
+      RoleSet{Role::agent},
+      paramsWith(json::object{{"name", kName}}, {"name"}),
+      schema(R"({"type":"object","required":["name","revisions"]})"),
+      [&registry](CallContext&, json::object params) -> asio::awaitable<MethodResult> {
+        std::string name(params.at("name").as_string());
+        auto history = registry.history(name);
+        if (!history) co_return toRpcError(history.error());
+        json::array revisions;
+        for (const auto& entry : *history) {
+          revisions.push_back(json::object{
+              {"revision", entry.revision}, {"installedAt", entry.installedAt}, {"active", entry.active}});
+        }
+        co_return json::value(json::object{{"name", name}, {"revisions", std::move(revisions)}});
+      }});
+
+  methods.add(MethodSpec{
+      "tools.call",
+      "Calls a tool: by name (pinned to the active revision at call time) or by revision. "
+      "Arguments are validated against the tool's parameters. Returns {result, name, revision, usage}.",
+      RoleSet{Role::agent},
+      paramsWith(json::object{{"name", kName},
+                              {"revision", kRevision},
+                              {"arguments", schema(R"({"type":"object"})")},
+                              {"mode", schema(R"({"enum":["retained","disposable"]})")},
+                              {"limits", schema(R"({"type":"object","additionalProperties":false,"properties":{
+                                 "wallMs":{"type":"integer","minimum":1},"cpuMs":{"type":"integer","minimum":1},
+                                 "heapMb":{"type":"integer","minimum":1},"arrayBufferMb":{"type":"integer","minimum":1},
+                                 "stackKb":{"type":"integer","minimum":64},"outputBytes":{"type":"integer","minimum":1}}})")}},
+                 {}),
+      schema(R"({"type":"object","required":["result","name","revision","usage"]})"),
+      [services](CallContext&, json::object params) -> asio::awaitable<MethodResult> {
+        registry::Registry& tools = services.registry;
+        std::optional<std::string> name;
+        if (const auto* given = params.if_contains("name")) name = std::string(given->as_string());
+        registry::Result<registry::ToolRevisionPtr> resolved = registry::RegistryError{RegistryErrc::notFound, ""};
+        if (const auto* revision = params.if_contains("revision")) {
+          resolved = tools.getRevision(std::string(revision->as_string()), name);
+        } else if (name) {
+          resolved = tools.getActive(*name);
+        } else {
+          co_return invalidParams("params: give name or revision");
+        }
+        if (!resolved) co_return toRpcError(resolved.error());
+        registry::ToolRevisionPtr tool = *resolved;
+        json::object arguments;
+        if (const auto* given = params.if_contains("arguments")) arguments = given->as_object();
+        if (auto violation = tool->parameters.validate(arguments)) {
+          co_return toRpcError(registry::RegistryError{RegistryErrc::invalidArguments,
+                                                       violation->describe("arguments")});
+        }
+        auto started = std::chrono::steady_clock::now();
+        switch (tool->executionClass) {
+          case registry::ExecutionClass::trustedNative: {
+            const registry::NativeTool* native = tools.tryNative(tool->revision);
+            if (native == nullptr) {
+              co_return appError(app_error::kNotFound, "not-found",
+                                 "revision " + tool->revision + " of built-in tool " + tool->name +
+                                     " is not part of this daemon's build");
+            }
+            auto cpuStart = threadCpuMicros();
+            auto outcome = native->run(arguments);
+            auto cpuMicros = threadCpuMicros() - cpuStart;
+            if (!outcome) co_return appError(app_error::kToolThrew, "tool-error", outcome.error());
+            co_return json::value(json::object{
+                {"result", std::move(*outcome)},
+                {"name", tool->name},
+                {"revision", tool->revision},
+                {"usage", json::object{{"wallMs", msSince(started)}, {"cpuMs", cpuMicros / 1000}}}});
+          }
+          case registry::ExecutionClass::sandboxedCode:
+            co_return appError(app_error::kUnavailable, "unavailable",
+                               "this daemon cannot run sandboxed-code tools yet");
+          case registry::ExecutionClass::externalService:
+            co_return appError(app_error::kUnavailable, "unavailable",
+                               "external-service tools are forwarded once the policy engine "
+                               "authorizes them; this daemon does not forward them yet");
+        }
+        co_return appError(app_error::kUnavailable, "unavailable", "unknown execution class");
+      }});
+
+  methods.add(MethodSpec{
+      "store.verify",
+      "Re-hashes every stored manifest and settings document and checks every binding; lists "
+      "what does not match (empty when all is well).",
+      RoleSet{Role::admin},
+      {},
+      schema(R"({"type":"object","required":["ok","problems"]})"),
+      [&registry](CallContext&, json::object) -> asio::awaitable<MethodResult> {
+        auto problems = registry.verifyAll();
+        if (!problems) co_return toRpcError(problems.error());
+        json::array list;
+        for (const auto& problem : *problems) list.emplace_back(problem);
+        co_return json::value(json::object{{"ok", list.empty()}, {"problems", std::move(list)}});
+      }});
+}
+
+}  // namespace toolhost::daemon

@@ -1,0 +1,512 @@
+#include "registry/registry.h"
+
+#include "protocol/content_hash.h"
+#include "protocol/json_parse.h"
+#include "protocol/json_text.h"
+#include "registry/manifest.h"
+#include "store/keys.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <chrono>
+#include <ctime>
+
+namespace toolhost::registry {
+namespace json = boost::json;
+
+namespace {
+
+constexpr std::string_view kManifestsTable = "tool_manifests";
+constexpr std::string_view kRevisionsTable = "tool_revisions";
+constexpr std::string_view kHistoryTable = "tool_history";
+constexpr std::string_view kBindingsTable = "tool_bindings";
+constexpr std::string_view kSettingsTable = "tool_settings";
+constexpr std::string_view kCurrentSettingsTable = "tool_current_settings";
+
+RegistryError storageError(store::Store& store, const boost::system::error_code& ec) {
+  return RegistryError{RegistryErrc::storage, store.describe(ec)};
+}
+
+std::optional<json::object> parseObject(std::string_view text) {
+  auto parsed = protocol::parseJson(text, protocol::JsonParseLimits{100000});
+  if (!parsed || !parsed->is_object()) return std::nullopt;
+  return std::move(parsed->as_object());
+}
+
+// A write callback aborts with this code when the reason is a registry outcome kept aside.
+boost::system::error_code aborted() { return store::StoreErrc::aborted; }
+
+void collectRefusedKeywords(const json::value& schema, const std::string& path,
+                            std::optional<RegistryError>& refusal) {
+  if (refusal) return;
+  if (const auto* object = schema.if_object()) {
+    for (const auto& [key, value] : *object) {
+      std::string here = path + "/" + std::string(key);
+      if ((key == "pattern" || key == "patternProperties") && !refusal) {
+        refusal = RegistryError{RegistryErrc::invalidDefinition,
+                                here + ": regular expressions are not evaluated by toolhost (the "
+                                       "engine available can be driven to exponential time or "
+                                       "stack exhaustion by a hostile argument); check the format "
+                                       "in the tool instead"};
+        return;
+      }
+      if (key == "uniqueItems" && value == true) {
+        const auto* maxItems = object->if_contains("maxItems");
+        if (maxItems == nullptr || !maxItems->is_number() || maxItems->to_number<double>() > 1000) {
+          refusal = RegistryError{RegistryErrc::invalidDefinition,
+                                  here + ": uniqueItems needs a maxItems of at most 1000 beside "
+                                         "it (checking uniqueness takes quadratic time)"};
+          return;
+        }
+      }
+      if (key == "$ref" && value.is_string() && !value.get_string().starts_with("#")) {
+        refusal = RegistryError{RegistryErrc::invalidDefinition,
+                                here + ": only local references (\"#/...\") are resolved"};
+        return;
+      }
+      // Inside "enum", "const", "default" and "examples" values are data, not schemas.
+      if (key == "enum" || key == "const" || key == "default" || key == "examples") continue;
+      collectRefusedKeywords(value, here, refusal);
+    }
+  } else if (const auto* array = schema.if_array()) {
+    std::size_t index = 0;
+    for (const auto& item : *array) {
+      collectRefusedKeywords(item, path + "/" + std::to_string(index++), refusal);
+    }
+  }
+}
+
+// `format` is an annotation (as in JSON Schema 2019-09 and later); valijson would check some
+// formats with std::regex, so it never sees them.
+json::value withoutFormats(const json::value& schema) {
+  if (const auto* object = schema.if_object()) {
+    json::object out;
+    for (const auto& [key, value] : *object) {
+      if (key == "format" && value.is_string()) continue;
+      if (key == "enum" || key == "const" || key == "default" || key == "examples") {
+        out[key] = value;
+      } else {
+        out[key] = withoutFormats(value);
+      }
+    }
+    return out;
+  }
+  if (const auto* array = schema.if_array()) {
+    json::array out;
+    for (const auto& item : *array) out.push_back(withoutFormats(item));
+    return out;
+  }
+  return schema;
+}
+
+}  // namespace
+
+std::string nowRfc3339() {
+  using namespace std::chrono;
+  auto now = system_clock::now().time_since_epoch();
+  auto secs = duration_cast<seconds>(now);
+  auto millis = duration_cast<milliseconds>(now - secs).count();
+  std::time_t t = secs.count();
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char text[40];
+  std::size_t n = std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%S", &tm);
+  std::snprintf(text + n, sizeof text - n, ".%03dZ", static_cast<int>(millis));
+  return text;
+}
+
+std::string_view executionClassName(ExecutionClass executionClass) {
+  switch (executionClass) {
+    case ExecutionClass::sandboxedCode: return "sandboxed-code";
+    case ExecutionClass::externalService: return "external-service";
+    case ExecutionClass::trustedNative: return "trusted-native";
+  }
+  return "unknown";
+}
+
+bool isValidToolName(std::string_view name) {
+  if (name.empty() || name.size() > kMaxToolNameLength) return false;
+  if (name.front() < 'a' || name.front() > 'z') return false;
+  bool previousSeparator = false;
+  for (char c : name) {
+    bool separator = c == '-' || c == '_';
+    bool word = (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9');
+    if (!separator && !word) return false;
+    if (separator && previousSeparator) return false;
+    previousSeparator = separator;
+  }
+  return !previousSeparator;
+}
+
+Result<JsonSchema> compileToolSchema(const json::value& schema, std::string_view where) {
+  if (!schema.is_object()) {
+    return RegistryError{RegistryErrc::invalidDefinition, std::string(where) + ": must be a JSON Schema object"};
+  }
+  std::optional<RegistryError> refusal;
+  collectRefusedKeywords(schema, std::string(where), refusal);
+  if (refusal) return *refusal;
+  auto compiled = JsonSchema::compile(withoutFormats(schema));
+  if (!compiled) {
+    return RegistryError{RegistryErrc::invalidDefinition, std::string(where) + ": " + compiled.error().detail};
+  }
+  return *compiled;
+}
+
+Registry::Registry(store::Store& store, RegistryLimits limits)
+    : store_(store),
+      limits_(limits),
+      manifests_(store.table(kManifestsTable)),
+      revisions_(store.table(kRevisionsTable)),
+      history_(store.table(kHistoryTable)),
+      bindings_(store.table(kBindingsTable)),
+      settings_(store.table(kSettingsTable)),
+      currentSettings_(store.table(kCurrentSettingsTable)) {}
+
+std::vector<std::string> Registry::tables() {
+  return {std::string(kManifestsTable), std::string(kRevisionsTable), std::string(kHistoryTable),
+          std::string(kBindingsTable),  std::string(kSettingsTable),  std::string(kCurrentSettingsTable)};
+}
+
+Result<ToolRevisionPtr> Registry::build(const std::string& revision, json::object manifest,
+                                        std::string installedAt) {
+  auto revisionPtr = std::make_shared<ToolRevision>();
+  revisionPtr->revision = revision;
+  revisionPtr->name = std::string(manifest.at("name").as_string());
+  revisionPtr->executionClass = executionClassOf(manifest);
+  auto parameters = compileToolSchema(manifest.at("parameters"), "parameters");
+  if (!parameters) return parameters.error();
+  revisionPtr->parameters = *parameters;
+  if (const auto* settings = manifest.if_contains("settings")) {
+    auto compiled = compileToolSchema(*settings, "settings");
+    if (!compiled) return compiled.error();
+    revisionPtr->settingsSchema = *compiled;
+  }
+  revisionPtr->installedAt = std::move(installedAt);
+  revisionPtr->manifest = std::move(manifest);
+  return ToolRevisionPtr(std::move(revisionPtr));
+}
+
+Result<ToolRevisionPtr> Registry::load(const std::string& revision) {
+  {
+    std::lock_guard lock(mutex_);
+    if (auto it = cache_.find(revision); it != cache_.end()) return it->second;
+  }
+  if (!protocol::isContentHash(revision)) {
+    return RegistryError{RegistryErrc::notFound, "\"" + revision.substr(0, 80) + "\" is not a revision (sha256:...)"};
+  }
+  struct Row {
+    std::optional<std::string> manifest;
+    std::optional<std::string> meta;
+  };
+  auto row = store_.read([&](store::ReadTxn& txn) {
+    return Row{txn.getCopy(manifests_, revision), txn.getCopy(revisions_, revision)};
+  });
+  if (!row) return storageError(store_, row.error());
+  if (!row->manifest) {
+    return RegistryError{RegistryErrc::notFound, "no tool revision " + revision};
+  }
+  // Re-hash what was read: a stored manifest that no longer matches its revision is never served.
+  if (protocol::contentHashOfCanonical(protocol::domain::kToolManifest, *row->manifest) != revision) {
+    spdlog::error("integrity: the stored manifest of {} does not match its hash", revision);
+    return RegistryError{RegistryErrc::integrity,
+                         "the stored manifest of " + revision +
+                             " does not match its hash; it is not served (see the daemon log)"};
+  }
+  auto manifest = parseObject(*row->manifest);
+  if (!manifest) {
+    spdlog::error("integrity: the stored manifest of {} is not a JSON object", revision);
+    return RegistryError{RegistryErrc::integrity, "the stored manifest of " + revision + " is unreadable"};
+  }
+  std::string installedAt;
+  if (row->meta) {
+    if (auto meta = parseObject(*row->meta)) {
+      if (const auto* at = meta->if_contains("installedAt"); at && at->is_string()) {
+        installedAt = std::string(at->get_string());
+      }
+    }
+  }
+  auto built = build(revision, std::move(*manifest), std::move(installedAt));
+  if (!built) return built.error();
+  std::lock_guard lock(mutex_);
+  cache_.emplace(revision, *built);
+  return *built;
+}
+
+Result<ToolRevisionPtr> Registry::getRevision(const std::string& revision,
+                                              const std::optional<std::string>& name) {
+  auto loaded = load(revision);
+  if (!loaded) return loaded;
+  if (name && (*loaded)->name != *name) {
+    // A revision cannot be borrowed under another name.
+    return RegistryError{RegistryErrc::notFound, "no revision " + revision + " of tool " + *name};
+  }
+  return loaded;
+}
+
+std::optional<Binding> Registry::tryBinding(const std::string& name) {
+  auto text = store_.read([&](store::ReadTxn& txn) { return txn.getCopy(bindings_, name); });
+  if (!text || !*text) return std::nullopt;
+  auto object = parseObject(**text);
+  if (!object) return std::nullopt;
+  return Binding{name, std::string(object->at("revision").as_string()),
+                 std::string(object->at("activatedAt").as_string())};
+}
+
+Result<ToolRevisionPtr> Registry::getActive(const std::string& name) {
+  auto binding = tryBinding(name);
+  if (!binding) return RegistryError{RegistryErrc::notFound, "no active tool named " + name};
+  return getRevision(binding->revision, name);
+}
+
+Result<InstallOutcome> Registry::install(const json::object& manifest) {
+  auto canonical = validateManifest(manifest, limits_);
+  if (!canonical) return canonical.error();
+  std::string name(manifest.at("name").as_string());
+  if (executionClassOf(manifest) == ExecutionClass::trustedNative) {
+    return RegistryError{RegistryErrc::invalidDefinition,
+                         "manifest/execution/class: trusted-native tools are compiled into the "
+                         "daemon; tools.install takes sandboxed-code and external-service tools"};
+  }
+  {
+    std::lock_guard lock(mutex_);
+    for (const auto& [revision, native] : natives_) {
+      if (native.manifest.at("name").as_string() == name) {
+        return RegistryError{RegistryErrc::reservedName,
+                             "manifest/name: \"" + name + "\" is a built-in tool; choose another name"};
+      }
+    }
+  }
+  std::string revision = protocol::contentHashOfCanonical(protocol::domain::kToolManifest, *canonical);
+  std::string installedAt = nowRfc3339();
+  bool created = false;
+  auto written = store_.write([&](store::WriteTxn& txn) -> boost::system::result<void> {
+    if (txn.contains(manifests_, revision)) return {};  // same manifest: nothing to write
+    txn.put(manifests_, revision, *canonical);
+    txn.put(revisions_, revision,
+            protocol::writeJson(json::object{{"name", name}, {"installedAt", installedAt}}));
+    txn.put(history_, store::compositeKey({name, revision}), installedAt);
+    created = true;
+    return {};
+  });
+  if (!written) return storageError(store_, written.error());
+  if (created) spdlog::info("installed {} as {}", name, revision);
+  return InstallOutcome{revision, name, created};
+}
+
+Result<InstallOutcome> Registry::registerNative(NativeTool tool) {
+  auto canonical = validateManifest(tool.manifest, limits_);
+  if (!canonical) return canonical.error();
+  if (executionClassOf(tool.manifest) != ExecutionClass::trustedNative) {
+    return RegistryError{RegistryErrc::invalidDefinition, "a built-in tool must be trusted-native"};
+  }
+  std::string name(tool.manifest.at("name").as_string());
+  std::string revision = protocol::contentHashOfCanonical(protocol::domain::kToolManifest, *canonical);
+  std::string now = nowRfc3339();
+  bool created = false;
+  std::optional<std::string> previous;
+  auto written = store_.write([&](store::WriteTxn& txn) -> boost::system::result<void> {
+    if (!txn.contains(manifests_, revision)) {
+      txn.put(manifests_, revision, *canonical);
+      txn.put(revisions_, revision,
+              protocol::writeJson(json::object{{"name", name}, {"installedAt", now}}));
+      txn.put(history_, store::compositeKey({name, revision}), now);
+      created = true;
+    }
+    auto binding = txn.tryGet(bindings_, name);
+    if (binding) {
+      auto object = parseObject(*binding);
+      if (object && object->at("revision").as_string() == revision) return {};
+      if (object) previous = std::string(object->at("revision").as_string());
+    }
+    txn.put(bindings_, name, protocol::writeJson(json::object{{"revision", revision}, {"activatedAt", now}}));
+    return {};
+  });
+  if (!written) return storageError(store_, written.error());
+  {
+    std::lock_guard lock(mutex_);
+    natives_.insert_or_assign(revision, std::move(tool));
+  }
+  if (previous) {
+    spdlog::info("built-in tool {} moved from {} to {}", name, *previous, revision);
+    for (const auto& listener : bindingListeners_) listener(name, *previous, revision);
+  }
+  return InstallOutcome{revision, name, created};
+}
+
+const NativeTool* Registry::tryNative(std::string_view revision) const {
+  std::lock_guard lock(mutex_);
+  auto it = natives_.find(revision);
+  return it == natives_.end() ? nullptr : &it->second;
+}
+
+Result<ActivateOutcome> Registry::activate(const std::string& name, const std::string& revision,
+                                           bool replace) {
+  if (!isValidToolName(name)) return RegistryError{RegistryErrc::notFound, "no tool named " + name.substr(0, 80)};
+  auto target = getRevision(revision, name);
+  if (!target) return target.error();
+  if ((*target)->executionClass == ExecutionClass::trustedNative) {
+    return RegistryError{RegistryErrc::reservedName, name + " is a built-in tool; the daemon binds it"};
+  }
+  ActivateOutcome outcome{name, revision, std::nullopt, false, {}};
+  std::optional<RegistryError> refusal;
+  std::string now = nowRfc3339();
+  auto written = store_.write([&](store::WriteTxn& txn) -> boost::system::result<void> {
+    if (auto current = txn.tryGet(bindings_, name)) {
+      auto object = parseObject(*current);
+      std::string bound = object ? std::string(object->at("revision").as_string()) : "";
+      if (bound == revision) return {};  // already active: nothing to write
+      outcome.previous = bound;
+      if (!replace) {
+        refusal = RegistryError{RegistryErrc::conflict,
+                                name + " is bound to " + bound + "; pass replace: true to move it to " + revision};
+        return aborted();
+      }
+    }
+    txn.put(bindings_, name, protocol::writeJson(json::object{{"revision", revision}, {"activatedAt", now}}));
+    outcome.changed = true;
+    return {};
+  });
+  if (refusal) return *refusal;
+  if (!written) return storageError(store_, written.error());
+  if (outcome.previous) {
+    auto previous = getRevision(*outcome.previous);
+    outcome.changes = previous ? describeChanges((*previous)->manifest, (*target)->manifest)
+                               : json::object{{"unknown", "the previous revision could not be read"}};
+  } else {
+    outcome.changes = describeChanges(json::object{{"execution", (*target)->manifest.at("execution")}},
+                                      (*target)->manifest);
+  }
+  if (outcome.changed) {
+    spdlog::info("activated {} at {}{}", name, revision,
+                 outcome.previous ? " (was " + *outcome.previous + ")" : std::string());
+    if (outcome.previous) {
+      for (const auto& listener : bindingListeners_) listener(name, *outcome.previous, revision);
+    }
+  }
+  return outcome;
+}
+
+Result<std::vector<Binding>> Registry::list() {
+  auto rows = store_.read([&](store::ReadTxn& txn) {
+    std::vector<Binding> out;
+    txn.scan(bindings_, store::KeyRange::all(), [&](std::string_view key, std::string_view value) {
+      if (auto object = parseObject(value)) {
+        out.push_back(Binding{std::string(key), std::string(object->at("revision").as_string()),
+                              std::string(object->at("activatedAt").as_string())});
+      }
+    });
+    return out;
+  });
+  if (!rows) return storageError(store_, rows.error());
+  return std::move(*rows);
+}
+
+Result<std::vector<HistoryEntry>> Registry::history(const std::string& name) {
+  if (!isValidToolName(name)) return RegistryError{RegistryErrc::notFound, "no tool named " + name.substr(0, 80)};
+  auto binding = tryBinding(name);
+  auto rows = store_.read([&](store::ReadTxn& txn) {
+    std::vector<HistoryEntry> out;
+    txn.scan(history_, store::KeyRange::prefix(store::compositePrefix({name})),
+             [&](std::string_view key, std::string_view value) {
+               auto parts = store::trySplitCompositeKey(key, 2);
+               if (!parts) return;
+               std::string revision((*parts)[1]);
+               out.push_back(HistoryEntry{revision, std::string(value), binding && binding->revision == revision});
+             });
+    return out;
+  });
+  if (!rows) return storageError(store_, rows.error());
+  if (rows->empty()) return RegistryError{RegistryErrc::notFound, "no tool named " + name};
+  std::stable_sort(rows->begin(), rows->end(),
+                   [](const HistoryEntry& a, const HistoryEntry& b) { return a.installedAt < b.installedAt; });
+  return std::move(*rows);
+}
+
+Result<SettingsOutcome> Registry::configure(const std::string& name, const std::string& revision,
+                                            const json::object& settings) {
+  auto tool = getRevision(revision, name);
+  if (!tool) return tool.error();
+  if ((*tool)->settingsSchema) {
+    if (auto violation = (*tool)->settingsSchema->validate(settings)) {
+      return RegistryError{RegistryErrc::invalidDefinition, violation->describe("settings")};
+    }
+  }
+  json::object document{{"tool", name}, {"toolRevision", revision}, {"settings", settings}};
+  auto canonical = protocol::canonicalJson(document);
+  if (!canonical) return RegistryError{RegistryErrc::invalidDefinition, "settings: " + canonical.error().detail};
+  if (canonical->size() > limits_.maxSettingsBytes) {
+    return RegistryError{RegistryErrc::invalidDefinition,
+                         "settings: " + std::to_string(canonical->size()) + " bytes; the limit is " +
+                             std::to_string(limits_.maxSettingsBytes)};
+  }
+  std::string settingsRevision = protocol::contentHashOfCanonical(protocol::domain::kToolSettings, *canonical);
+  bool created = false;
+  auto written = store_.write([&](store::WriteTxn& txn) -> boost::system::result<void> {
+    created = txn.putIfAbsent(settings_, settingsRevision, *canonical);
+    txn.put(currentSettings_, store::compositeKey({name, revision}), settingsRevision);
+    return {};
+  });
+  if (!written) return storageError(store_, written.error());
+  return SettingsOutcome{settingsRevision, created};
+}
+
+std::optional<std::string> Registry::trySettingsRevision(const std::string& name, const std::string& revision) {
+  auto found = store_.read(
+      [&](store::ReadTxn& txn) { return txn.getCopy(currentSettings_, store::compositeKey({name, revision})); });
+  if (!found) return std::nullopt;
+  return *found;
+}
+
+Result<json::object> Registry::getSettings(const std::string& settingsRevision, const std::string& name,
+                                           const std::string& revision) {
+  auto notFound = RegistryError{RegistryErrc::notFound,
+                                "no settings " + settingsRevision.substr(0, 80) + " for " + name + " at " + revision};
+  if (!protocol::isContentHash(settingsRevision)) return notFound;
+  auto text = store_.read([&](store::ReadTxn& txn) { return txn.getCopy(settings_, settingsRevision); });
+  if (!text) return storageError(store_, text.error());
+  if (!*text) return notFound;
+  if (protocol::contentHashOfCanonical(protocol::domain::kToolSettings, **text) != settingsRevision) {
+    spdlog::error("integrity: stored settings {} do not match their hash", settingsRevision);
+    return RegistryError{RegistryErrc::integrity, "the stored settings " + settingsRevision + " do not match their hash"};
+  }
+  auto document = parseObject(**text);
+  if (!document) return RegistryError{RegistryErrc::integrity, "the stored settings are unreadable"};
+  // Settings resolve only for the tool revision they were made for.
+  if (document->at("tool").as_string() != name || document->at("toolRevision").as_string() != revision) {
+    return notFound;
+  }
+  return document->at("settings").as_object();
+}
+
+Result<std::vector<std::string>> Registry::verifyAll() {
+  auto problems = store_.read([&](store::ReadTxn& txn) {
+    std::vector<std::string> out;
+    txn.scan(manifests_, store::KeyRange::all(), [&](std::string_view key, std::string_view value) {
+      if (protocol::contentHashOfCanonical(protocol::domain::kToolManifest, value) != key) {
+        out.push_back("manifest " + std::string(key));
+      }
+    });
+    txn.scan(settings_, store::KeyRange::all(), [&](std::string_view key, std::string_view value) {
+      if (protocol::contentHashOfCanonical(protocol::domain::kToolSettings, value) != key) {
+        out.push_back("settings " + std::string(key));
+      }
+    });
+    txn.scan(bindings_, store::KeyRange::all(), [&](std::string_view key, std::string_view value) {
+      auto object = parseObject(value);
+      if (!object || !txn.contains(manifests_, object->at("revision").as_string())) {
+        out.push_back("binding " + std::string(key) + " points at no stored manifest");
+      }
+    });
+    return out;
+  });
+  if (!problems) return storageError(store_, problems.error());
+  return std::move(*problems);
+}
+
+void Registry::onBindingMoved(
+    std::function<void(const std::string&, const std::string&, const std::string&)> listener) {
+  bindingListeners_.push_back(std::move(listener));
+}
+
+}  // namespace toolhost::registry

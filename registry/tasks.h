@@ -1,0 +1,115 @@
+// Tasks: immutable, content-addressed nodes of a conversation tree (message, functioncall,
+// toolresult, tooldefinition) linked by parentId (the lineage) and priorId (an alternative to an
+// earlier task). Compiling drafts pins every function call to a tool revision; committing verifies
+// every id and link and writes a batch all or nothing. Thread-safe: every method may be called from
+// any thread; each runs its own short LMDB transactions and keeps nothing between calls.
+//
+// A task is a JSON object {kind, role, parentId?, priorId?, <kind's members>} and its id is
+// protocol::contentHash(domain::kTask, <the task without "id">). Kinds and their members:
+//   message         content (any JSON; a string for ordinary text)
+//   functioncall    call: {name, toolRevision, settingsRevision?, arguments}  (drafts: {name,
+//   arguments}) toolresult      callId (a functioncall in the lineage), and exactly one of result
+//   (any JSON)
+//                   or error (an object or a string)
+//   tooldefinition  definition: {name, description, parameters, implementation}, implementation
+//                   {type: "code", source, modules?} or {type: "binding", targetRevision}
+// Unknown members are refused at every level that has a fixed shape, so nothing unhashed or
+// unchecked can hide in a task. Settings values never enter a task, only a settings revision.
+//
+// A tooldefinition is visible only to its descendants (nearest ancestor wins over a farther one and
+// over the registry binding of the same name) and is never installed in the registry: a call it
+// resolves is pinned to the definition task's id, and a binding definition pins a registry
+// revision.
+#pragma once
+
+#include "registry/errors.h"
+#include "registry/registry.h"
+#include "store/store.h"
+
+#include <boost/json/array.hpp>
+#include <boost/json/object.hpp>
+
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace toolhost::registry {
+
+// Bounds on what one request may make the daemon hash, store or walk; each refused clearly.
+struct TaskLimits {
+  std::size_t maxTaskBytes = 1024 * 1024;  // canonical JSON of one task (without its id)
+  std::size_t maxBatch = 1000;             // drafts per compile, tasks per commit
+  std::size_t maxLineage = 100000;         // tasks from a root to a leaf, the leaf included
+  // Stored tasks one commit may walk, over every lineage it extends (each branch walks its own).
+  std::size_t maxCommitWalk = 400000;
+  std::size_t maxDepth = 200;                  // JSON nesting inside one task
+  std::size_t maxDescriptionBytes = 8 * 1024;  // a tooldefinition's description
+  std::size_t maxModules = 64;                 // a code definition's modules
+};
+
+struct CommitOutcome {
+  std::vector<std::string> ids;  // one per task committed, in order
+  std::size_t created = 0;       // tasks that were not stored before
+};
+
+namespace task_kind {
+inline constexpr std::string_view kMessage = "message";
+inline constexpr std::string_view kFunctionCall = "functioncall";
+inline constexpr std::string_view kToolResult = "toolresult";
+inline constexpr std::string_view kToolDefinition = "tooldefinition";
+}  // namespace task_kind
+
+class TaskStore {
+ public:
+  // `store` must have been opened with tables() among its tables; both must outlive this.
+  TaskStore(store::Store& store, Registry& registry, TaskLimits limits = {});
+
+  // The tables this module keeps in the store (pass them to store::Options at open).
+  static std::vector<std::string> tables();
+
+  const TaskLimits& limits() const noexcept { return limits_; }
+
+  // Links the drafts into a chain under `parentId` (or as a new root), pins every function call
+  // (lineage definitions first, nearest wins, then the registry binding), validates call
+  // arguments, and returns the hashed tasks in order (each with its "id"). Writes nothing.
+  // Drafts carrying an id or a parentId, or a pinned call, are refused; so is an unresolved call.
+  Result<boost::json::array> compile(const boost::json::array& drafts,
+                                     const std::optional<std::string>& parentId);
+
+  // Re-computes every id and checks every task, link and pin against the store and the registry;
+  // then writes all tasks in one transaction, or, if any one is refused, nothing. Committing a
+  // task that is already stored is idempotent.
+  Result<CommitOutcome> commit(const boost::json::array& tasks);
+
+  // One stored task, with its "id", re-hashed on read (a mismatch is RegistryErrc::integrity).
+  Result<boost::json::object> get(const std::string& id);
+
+  // The task and its ancestors through parentId, root first.
+  Result<boost::json::array> lineage(const std::string& id);
+
+  // Provider-facing signatures visible at `id`: [{type: "function", function: {name,
+  // description, parameters}}], registry bindings merged with the lineage's definitions (which
+  // shadow a binding of the same name), sorted by name.
+  Result<boost::json::array> providerTools(const std::string& id);
+
+  // The lineage as chat-completion messages, root first, tooldefinitions left out: message ->
+  // {role, content}; consecutive functioncalls -> one {role: "assistant", content: null,
+  // tool_calls: [{id: <task id>, type: "function", function: {name, arguments: <JSON text>}}]};
+  // toolresult -> {role: "tool", tool_call_id, content: <result as JSON text (a string result as
+  // is), or {"error": ...} as JSON text>}.
+  Result<boost::json::array> messages(const std::string& id);
+
+ private:
+  store::Store& store_;
+  Registry& registry_;
+  TaskLimits limits_;
+  store::Table tasks_;  // task id -> canonical JSON of the task without its id
+};
+
+// The id of a task: the content hash (toolhost.task.v1) of the task without its "id" member.
+// Refuses values that have no canonical JSON (RegistryErrc::invalidDefinition).
+Result<std::string> taskId(const boost::json::object& task);
+
+}  // namespace toolhost::registry

@@ -1,0 +1,546 @@
+// The tasks family over the real daemon's socket: every method, every refusal, and kill -9 in the
+// middle of commits.
+#include "tests/support/daemon_process.h"
+
+#include "protocol/content_hash.h"
+#include "protocol/json_parse.h"
+#include "protocol/jsonrpc.h"
+#include "store/store.h"
+
+#include <signal.h>
+#include <boost/json/parse.hpp>
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <map>
+#include <random>
+#include <set>
+#include <thread>
+
+using namespace toolhost::testing;
+namespace json = boost::json;
+namespace protocol = toolhost::protocol;
+
+namespace {
+
+constexpr std::string_view kUnknownId = "sha256:AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA";
+
+json::object manifest(std::string_view name,
+                      std::string_view source = "export default async (a) => a") {
+  return json::object{
+      {"name", name},
+      {"description", "Current weather for a city"},
+      {"parameters",
+       json::parse(
+           R"({"type":"object","properties":{"city":{"type":"string"}},"required":["city"]})")},
+      {"execution",
+       json::object{{"class", "sandboxed-code"}, {"runtime", "javascript"}, {"source", source}}}};
+}
+
+json::object resultOf(const json::object& response) {
+  INFO(protocol::encodeLine(response));
+  REQUIRE(response.contains("result"));
+  return response.at("result").as_object();
+}
+
+std::int64_t errorCode(const json::object& response) {
+  INFO(protocol::encodeLine(response));
+  REQUIRE(response.contains("error"));
+  return response.at("error").at("code").as_int64();
+}
+
+std::string errorKind(const json::object& response) {
+  INFO(protocol::encodeLine(response));
+  REQUIRE(response.contains("error"));
+  return std::string(response.at("error").at("data").at("kind").as_string());
+}
+
+std::string errorDetail(const json::object& response) {
+  INFO(protocol::encodeLine(response));
+  REQUIRE(response.contains("error"));
+  return std::string(response.at("error").at("data").at("detail").as_string());
+}
+
+std::string str(const json::value& value) { return std::string(value.as_string()); }
+
+// Installs and activates a tool; its revision.
+std::string installActive(RawClient& client, std::string_view name) {
+  auto installed =
+      resultOf(client.call("tools.install", json::object{{"manifest", manifest(name)}}));
+  std::string revision = str(installed.at("revision"));
+  resultOf(client.call("tools.activate",
+                       json::object{{"name", name}, {"revision", revision}, {"replace", true}}));
+  return revision;
+}
+
+json::object message(std::string_view role, json::value content) {
+  return json::object{{"kind", "message"}, {"role", role}, {"content", std::move(content)}};
+}
+
+json::object callDraft(std::string_view name, json::object arguments) {
+  return json::object{{"kind", "functioncall"},
+                      {"role", "assistant"},
+                      {"call", json::object{{"name", name}, {"arguments", std::move(arguments)}}}};
+}
+
+json::object definition(std::string_view name) {
+  return json::object{
+      {"kind", "tooldefinition"},
+      {"role", "system"},
+      {"definition",
+       json::object{
+           {"name", name},
+           {"description", "a lineage tool"},
+           {"parameters",
+            json::parse(R"({"type":"object","properties":{"text":{"type":"string"}}})")},
+           {"implementation",
+            json::object{{"type", "code"}, {"source", "export default async (a) => a"}}}}}};
+}
+
+json::object compileParams(json::array drafts, std::optional<std::string> parentId = std::nullopt) {
+  json::object params{{"drafts", std::move(drafts)}};
+  if (parentId) params["parentId"] = *parentId;
+  return params;
+}
+
+// Compiles and commits; the committed tasks.
+json::array append(RawClient& client, json::array drafts,
+                   std::optional<std::string> parentId = std::nullopt) {
+  auto compiled =
+      resultOf(client.call("tasks.compile", compileParams(std::move(drafts), std::move(parentId))));
+  json::array tasks = compiled.at("tasks").as_array();
+  auto committed = resultOf(client.call("tasks.commit", json::object{{"tasks", tasks}}));
+  REQUIRE(committed.at("ids").as_array().size() == tasks.size());
+  return tasks;
+}
+
+std::string idOf(const json::value& task) { return str(task.at("id")); }
+
+// The content hash of a task without its id, as a client would check it.
+std::string rehash(const json::object& task) {
+  json::object withoutId = task;
+  withoutId.erase("id");
+  auto hash = protocol::contentHash(protocol::domain::kTask, withoutId);
+  REQUIRE(hash.has_value());
+  return *hash;
+}
+
+json::object withNewId(json::object task) {
+  task.erase("id");
+  task["id"] = rehash(task);
+  return task;
+}
+
+}  // namespace
+
+TEST_CASE("tasks: compile, commit, get, lineage, providerTools and messages", "[e2e][tasks]") {
+  auto daemon = DaemonProcess::start();
+  RawClient client(daemon->socket());
+  const std::string weather = installActive(client, "weather");
+  auto settings = resultOf(client.call(
+      "tools.configure",
+      json::object{
+          {"name", "weather"}, {"revision", weather}, {"settings", json::object{{"unit", "C"}}}}));
+
+  auto compiled = resultOf(client.call(
+      "tasks.compile",
+      compileParams(json::array{message("system", "be brief"), message("user", "weather in Oslo?"),
+                                definition("note-taker"), callDraft("weather", {{"city", "Oslo"}}),
+                                callDraft("note-taker", {{"text", "hi"}})})));
+  json::array tasks = compiled.at("tasks").as_array();
+  REQUIRE(tasks.size() == 5);
+  for (std::size_t i = 0; i < tasks.size(); ++i) {
+    CHECK(idOf(tasks[i]) == rehash(tasks[i].as_object()));
+    if (i > 0) CHECK(tasks[i].at("parentId") == tasks[i - 1].at("id"));
+  }
+  CHECK(str(tasks[3].at("call").at("toolRevision")) == weather);
+  CHECK(tasks[3].at("call").at("settingsRevision") == settings.at("settingsRevision"));
+  CHECK(tasks[4].at("call").at("toolRevision") == tasks[2].at("id"));
+  // Compile wrote nothing.
+  CHECK(errorCode(client.call("tasks.get", json::object{{"id", tasks[0].at("id")}})) == -32001);
+
+  auto committed = resultOf(client.call("tasks.commit", json::object{{"tasks", tasks}}));
+  CHECK(committed.at("created") == 5);
+  CHECK(committed.at("ids").at(4) == tasks[4].at("id"));
+  auto again = resultOf(client.call("tasks.commit", json::object{{"tasks", tasks}}));
+  CHECK(again.at("created") == 0);
+
+  auto results = append(client,
+                        json::array{json::object{{"kind", "toolresult"},
+                                                 {"role", "tool"},
+                                                 {"callId", tasks[3].at("id")},
+                                                 {"result", {{"temp", 3}}}},
+                                    json::object{{"kind", "toolresult"},
+                                                 {"role", "tool"},
+                                                 {"callId", tasks[4].at("id")},
+                                                 {"error", "no"}},
+                                    message("assistant", "3 degrees")},
+                        idOf(tasks[4]));
+  const std::string leaf = idOf(results[2]);
+
+  auto got = resultOf(client.call("tasks.get", json::object{{"id", leaf}}));
+  CHECK(got == results[2].as_object());
+
+  auto lineage =
+      resultOf(client.call("tasks.lineage", json::object{{"id", leaf}})).at("tasks").as_array();
+  REQUIRE(lineage.size() == 8);
+  CHECK(lineage[0] == tasks[0]);
+  CHECK(lineage[7] == results[2]);
+
+  auto tools = resultOf(client.call("tasks.providerTools", json::object{{"id", leaf}}))
+                   .at("tools")
+                   .as_array();
+  std::set<std::string> names;
+  for (const auto& tool : tools) {
+    CHECK(tool.at("type") == "function");
+    CHECK(tool.at("function").as_object().size() == 3);
+    names.insert(str(tool.at("function").at("name")));
+  }
+  CHECK(names.count("note-taker") == 1);
+  CHECK(names.count("weather") == 1);
+  auto atRoot =
+      resultOf(client.call("tasks.providerTools", json::object{{"id", tasks[0].at("id")}}))
+          .at("tools")
+          .as_array();
+  for (const auto& tool : atRoot) CHECK(tool.at("function").at("name") != "note-taker");
+
+  auto messages =
+      resultOf(client.call("tasks.messages", json::object{{"id", leaf}})).at("messages").as_array();
+  REQUIRE(messages.size() == 6);
+  CHECK(messages[0] == json::object{{"role", "system"}, {"content", "be brief"}});
+  CHECK(messages[2].at("role") == "assistant");
+  CHECK(messages[2].at("content").is_null());
+  CHECK(messages[2].at("tool_calls").as_array().size() == 2);
+  CHECK(messages[2].at("tool_calls").at(0).at("function") ==
+        json::object{{"name", "weather"}, {"arguments", R"({"city":"Oslo"})"}});
+  CHECK(messages[3] == json::object{{"role", "tool"},
+                                    {"tool_call_id", tasks[3].at("id")},
+                                    {"content", R"({"temp":3})"}});
+  CHECK(messages[4].at("content") == R"({"error":"no"})");
+  CHECK(messages[5] == json::object{{"role", "assistant"}, {"content", "3 degrees"}});
+
+  // Published in rpc.discover, for agents.
+  auto discover = resultOf(client.call("rpc.discover"));
+  std::set<std::string> taskMethods;
+  for (const auto& method : discover.at("methods").as_array()) {
+    std::string name = str(method.at("name"));
+    if (name.starts_with("tasks.")) {
+      taskMethods.insert(name);
+      CHECK(method.at("x-roles") == json::array{"agent"});
+    }
+  }
+  CHECK(taskMethods == std::set<std::string>{"tasks.commit", "tasks.compile", "tasks.get",
+                                             "tasks.lineage", "tasks.messages",
+                                             "tasks.providerTools"});
+}
+
+TEST_CASE("tasks: every refusal over the socket", "[e2e][tasks]") {
+  auto daemon = DaemonProcess::start();
+  RawClient client(daemon->socket());
+  const std::string weather = installActive(client, "weather");
+  auto root = append(client, json::array{message("user", "hi")});
+  const std::string rootId = idOf(root[0]);
+  auto compile = [&](json::array drafts, std::optional<std::string> parentId = std::nullopt) {
+    return client.call("tasks.compile", compileParams(std::move(drafts), std::move(parentId)));
+  };
+
+  SECTION("compile") {
+    auto withId = message("user", "x");
+    withId["id"] = std::string(kUnknownId);
+    auto r = compile(json::array{withId});
+    CHECK(errorCode(r) == -32011);
+    CHECK_THAT(errorDetail(r), Catch::StartsWith("drafts[0].id"));
+
+    auto withParent = message("user", "x");
+    withParent["parentId"] = rootId;
+    r = compile(json::array{message("user", "a"), withParent});
+    CHECK(errorCode(r) == -32011);
+    CHECK_THAT(errorDetail(r), Catch::StartsWith("drafts[1].parentId"));
+
+    r = compile(json::array{callDraft("nowhere", {})}, rootId);
+    CHECK(errorCode(r) == -32001);
+    CHECK_THAT(errorDetail(r), Catch::Contains("drafts[0].call.name"));
+    CHECK_THAT(errorDetail(r), Catch::Contains("nowhere"));
+
+    r = compile(json::array{callDraft("weather", {{"city", 5}})});
+    CHECK(errorCode(r) == -32602);
+    CHECK(errorKind(r) == "invalid-arguments");
+    CHECK_THAT(errorDetail(r), Catch::Contains("arguments/city"));
+
+    auto pinned = callDraft("weather", {{"city", "Oslo"}});
+    pinned["call"].as_object()["toolRevision"] = weather;
+    CHECK(errorCode(compile(json::array{pinned})) == -32011);
+
+    r = compile(json::array{message("user", "x")}, std::string(kUnknownId));
+    CHECK(errorCode(r) == -32001);
+    CHECK_THAT(errorDetail(r), Catch::StartsWith("parentId"));
+
+    // A definition in a sibling branch is not visible.
+    auto branch = append(client, json::array{definition("local-tool")}, rootId);
+    CHECK(resultOf(compile(json::array{callDraft("local-tool", {})}, idOf(branch[0])))
+              .at("tasks")
+              .at(0)
+              .at("call")
+              .at("toolRevision") == branch[0].at("id"));
+    r = compile(json::array{callDraft("local-tool", {})}, rootId);
+    CHECK(errorCode(r) == -32001);
+    CHECK_THAT(errorDetail(r), Catch::Contains("local-tool"));
+
+    r = compile(json::array{json::object{
+                    {"kind", "toolresult"}, {"role", "tool"}, {"callId", rootId}, {"result", 1}}},
+                rootId);
+    CHECK(errorCode(r) == -32011);
+    CHECK_THAT(errorDetail(r), Catch::StartsWith("drafts[0].callId"));
+
+    auto binding = definition("forecast");
+    binding["definition"].as_object()["implementation"] =
+        json::object{{"type", "binding"}, {"targetRevision", std::string(kUnknownId)}};
+    r = compile(json::array{binding});
+    CHECK(errorCode(r) == -32001);
+    CHECK_THAT(errorDetail(r), Catch::Contains("targetRevision"));
+
+    r = compile(json::array{
+        json::object{{"kind", "message"}, {"role", "user"}, {"content", "x"}, {"secret", 1}}});
+    CHECK(errorCode(r) == -32011);
+    CHECK_THAT(errorDetail(r), Catch::Contains("\"secret\""));
+
+    // Params that break the method's schema.
+    CHECK(errorCode(client.call("tasks.compile", json::object{})) == -32602);
+    CHECK(errorCode(client.call("tasks.compile", json::object{{"drafts", json::array{}}})) ==
+          -32602);
+    CHECK(errorCode(client.call("tasks.compile", json::object{{"drafts", "x"}})) == -32602);
+    CHECK(errorCode(client.call("tasks.compile", compileParams(json::array{message("user", "x")},
+                                                               "short"))) == -32602);
+    json::array tooMany;
+    for (int i = 0; i < 1001; ++i) tooMany.push_back(message("user", i));
+    CHECK(errorCode(compile(tooMany)) == -32602);
+  }
+
+  SECTION("commit") {
+    auto chain = resultOf(compile(json::array{message("assistant", "a"), message("user", "b"),
+                                              message("assistant", "c")},
+                                  rootId))
+                     .at("tasks")
+                     .as_array();
+    auto nothingWritten = [&] {
+      for (const auto& task : chain) {
+        CHECK(errorCode(client.call("tasks.get", json::object{{"id", task.at("id")}})) == -32001);
+      }
+    };
+
+    auto tampered = chain;
+    tampered[2].as_object()["content"] = "changed";
+    auto r = client.call("tasks.commit", json::object{{"tasks", tampered}});
+    CHECK(errorCode(r) == -32011);
+    CHECK_THAT(errorDetail(r), Catch::StartsWith("tasks[2].id"));
+    nothingWritten();
+
+    auto orphaned = chain;
+    auto third = orphaned[2].as_object();
+    third["parentId"] = std::string(kUnknownId);
+    orphaned[2] = withNewId(third);
+    r = client.call("tasks.commit", json::object{{"tasks", orphaned}});
+    CHECK(errorCode(r) == -32001);
+    CHECK_THAT(errorDetail(r), Catch::StartsWith("tasks[2].parentId"));
+    nothingWritten();
+
+    auto call = resultOf(compile(json::array{callDraft("weather", {{"city", "Oslo"}})}, rootId))
+                    .at("tasks")
+                    .at(0)
+                    .as_object();
+    auto unpinned = call;
+    unpinned["call"].as_object().erase("toolRevision");
+    r = client.call("tasks.commit", json::object{{"tasks", json::array{withNewId(unpinned)}}});
+    CHECK(errorCode(r) == -32011);
+    CHECK_THAT(errorDetail(r), Catch::StartsWith("tasks[0].call.toolRevision"));
+
+    auto forged = call;
+    forged["call"].as_object()["toolRevision"] = std::string(kUnknownId);
+    r = client.call("tasks.commit", json::object{{"tasks", json::array{withNewId(forged)}}});
+    CHECK(errorCode(r) == -32001);
+    CHECK_THAT(errorDetail(r), Catch::StartsWith("tasks[0].call.toolRevision"));
+
+    auto badResult = json::object{{"kind", "toolresult"},
+                                  {"role", "tool"},
+                                  {"parentId", rootId},
+                                  {"callId", rootId},
+                                  {"result", 1}};
+    r = client.call("tasks.commit", json::object{{"tasks", json::array{withNewId(badResult)}}});
+    CHECK(errorCode(r) == -32011);
+    CHECK_THAT(errorDetail(r), Catch::StartsWith("tasks[0].callId"));
+
+    auto noId = chain[0].as_object();
+    noId.erase("id");
+    r = client.call("tasks.commit", json::object{{"tasks", json::array{noId}}});
+    CHECK(errorCode(r) == -32011);
+    CHECK_THAT(errorDetail(r), Catch::StartsWith("tasks[0].id"));
+    CHECK(errorCode(client.call("tasks.commit", json::object{{"tasks", json::array{}}})) == -32602);
+
+    // After all that, the good batch still commits.
+    CHECK(resultOf(client.call("tasks.commit", json::object{{"tasks", chain}})).at("created") == 3);
+  }
+
+  SECTION("reads") {
+    for (const char* method :
+         {"tasks.get", "tasks.lineage", "tasks.providerTools", "tasks.messages"}) {
+      INFO(method);
+      auto r = client.call(method, json::object{{"id", std::string(kUnknownId)}});
+      CHECK(errorCode(r) == -32001);
+      CHECK(errorKind(r) == "not-found");
+      CHECK(errorCode(client.call(method, json::object{{"id", "sha256:short"}})) == -32602);
+      CHECK(errorCode(client.call(method, json::object{})) == -32602);
+    }
+  }
+}
+
+TEST_CASE("tasks: a stored task that no longer matches its id is refused", "[e2e][tasks]") {
+  TempDir state;
+  DaemonOptions options;
+  options.stateDir = state.path() / "state";
+  std::string first, second;
+  {
+    auto daemon = DaemonProcess::start(options);
+    RawClient client(daemon->socket());
+    auto chain = append(client, json::array{message("user", "a"), message("assistant", "b")});
+    first = idOf(chain[0]);
+    second = idOf(chain[1]);
+    REQUIRE(daemon->stop() == 0);
+  }
+  {
+    // The on-disk table of tasks: id -> canonical JSON of the task without its id.
+    toolhost::store::Options storeOptions;
+    storeOptions.stateDir = *options.stateDir;
+    storeOptions.tables = {"tasks"};
+    auto opened = toolhost::store::Store::open(storeOptions);
+    REQUIRE(opened.has_value());
+    auto& store = **opened;
+    auto written = store.write([&](toolhost::store::WriteTxn& txn) -> boost::system::result<void> {
+      txn.put(store.table("tasks"), first,
+              R"({"content":"forged","kind":"message","role":"user"})");
+      return {};
+    });
+    REQUIRE(written.has_value());
+  }
+  auto daemon = DaemonProcess::start(options);
+  RawClient client(daemon->socket());
+  for (const char* method :
+       {"tasks.get", "tasks.lineage", "tasks.messages", "tasks.providerTools"}) {
+    INFO(method);
+    auto r = client.call(method,
+                         json::object{{"id", std::string(method) == "tasks.get" ? first : second}});
+    CHECK(errorCode(r) == -32013);
+    CHECK(errorKind(r) == "integrity");
+  }
+  CHECK(errorCode(client.call("tasks.compile",
+                              compileParams(json::array{message("user", "c")}, second))) == -32013);
+  CHECK(resultOf(client.call("tasks.get", json::object{{"id", second}})).at("content") == "b");
+  CHECK_THAT(daemon->log(), Catch::Contains("integrity"));
+}
+
+namespace {
+
+// One request on a connection to a daemon that may be killed under it: no test assertions here.
+std::optional<json::object> tryCall(RawClient& client, std::string_view method, json::object params,
+                                    int id) {
+  json::object request{
+      {"jsonrpc", "2.0"}, {"id", id}, {"method", method}, {"params", std::move(params)}};
+  try {
+    client.send(protocol::encodeLine(request));
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+  auto line = client.readLine(std::chrono::seconds(5));
+  if (!line) return std::nullopt;
+  auto parsed = protocol::parseJson(*line, protocol::JsonParseLimits{1000});
+  if (!parsed || !parsed->is_object()) return std::nullopt;
+  return std::move(parsed->as_object());
+}
+
+}  // namespace
+
+TEST_CASE("tasks: kill -9 during commits leaves every committed chain linked",
+          "[e2e][tasks][crash]") {
+  TempDir state;
+  DaemonOptions options;
+  options.stateDir = state.path() / "state";
+  options.logFormat = "json";
+  std::mt19937 rng(20261130);
+
+  std::map<std::string, std::size_t> leaves;  // acknowledged leaf -> lineage length
+  std::vector<std::string> leafList;
+  std::vector<std::vector<std::string>> unacknowledged;  // commits sent when the daemon died
+  int counter = 0;
+  int killedMidCommit = 0;
+
+  for (int round = 0; round < 6; ++round) {
+    auto daemon = DaemonProcess::start(options);
+    const pid_t pid = daemon->pid();
+    const auto delay = std::chrono::milliseconds(30 + rng() % 200);
+    RawClient client(daemon->socket());  // connected before the killer can strike
+    std::jthread killer([pid, delay] {   // joined on every way out, REQUIRE included
+      std::this_thread::sleep_for(delay);
+      ::kill(pid, SIGKILL);
+    });
+    for (int request = 1;; request += 2) {
+      std::optional<std::string> parent;
+      std::size_t baseLength = 0;
+      if (!leafList.empty() && rng() % 3 != 0) {
+        parent = leafList[rng() % leafList.size()];
+        baseLength = leaves.at(*parent);
+      }
+      json::array drafts;
+      const std::size_t size = 1 + rng() % 4;
+      for (std::size_t i = 0; i < size; ++i) {
+        std::string text = "round " + std::to_string(round) + " #" + std::to_string(counter++);
+        drafts.push_back(message(i % 2 ? "assistant" : "user", json::string(text)));
+      }
+      auto compiled =
+          tryCall(client, "tasks.compile", compileParams(std::move(drafts), parent), request);
+      if (!compiled) break;
+      REQUIRE(compiled->contains("result"));
+      json::array tasks = compiled->at("result").at("tasks").as_array();
+      std::vector<std::string> ids;
+      for (const auto& task : tasks) ids.push_back(idOf(task));
+      auto committed = tryCall(client, "tasks.commit", json::object{{"tasks", tasks}}, request + 1);
+      if (!committed) {
+        unacknowledged.push_back(ids);
+        ++killedMidCommit;
+        break;
+      }
+      REQUIRE(committed->contains("result"));
+      leaves[ids.back()] = baseLength + ids.size();
+      leafList.push_back(ids.back());
+    }
+    killer.join();
+    REQUIRE(daemon->wait(std::chrono::seconds(5)) == 128 + SIGKILL);
+  }
+  INFO("commits acknowledged: " << leaves.size() << ", killed mid-commit: " << killedMidCommit);
+  REQUIRE(leaves.size() > 10);
+
+  auto daemon = DaemonProcess::start(options);
+  RawClient client(daemon->socket());
+  for (const auto& [leaf, length] : leaves) {
+    auto lineage =
+        resultOf(client.call("tasks.lineage", json::object{{"id", leaf}})).at("tasks").as_array();
+    REQUIRE(lineage.size() == length);
+    for (std::size_t i = 0; i < lineage.size(); ++i) {
+      const auto& task = lineage[i].as_object();
+      REQUIRE(idOf(task) == rehash(task));
+      if (i == 0) {
+        CHECK_FALSE(task.contains("parentId"));
+      } else {
+        CHECK(task.at("parentId") == lineage[i - 1].at("id"));
+      }
+    }
+    CHECK(idOf(lineage.back()) == leaf);
+  }
+  // A commit cut short is all there or not there at all.
+  for (const auto& ids : unacknowledged) {
+    std::size_t present = 0;
+    for (const auto& id : ids) {
+      auto r = client.call("tasks.get", json::object{{"id", id}});
+      if (r.contains("result")) ++present;
+    }
+    CHECK((present == 0 || present == ids.size()));
+  }
+}

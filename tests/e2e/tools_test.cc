@@ -1,0 +1,270 @@
+// The tools family over the real daemon's socket.
+#include "tests/support/daemon_process.h"
+
+#include "protocol/json_parse.h"
+#include "protocol/json_text.h"
+#include "protocol/jsonrpc.h"
+
+#include <boost/json/parse.hpp>
+#include <catch2/catch.hpp>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <random>
+#include <set>
+#include <thread>
+
+using namespace toolhost::testing;
+namespace json = boost::json;
+
+namespace {
+
+json::object manifest(std::string_view name, std::string_view source = "export default async (a) => a") {
+  return json::object{
+      {"name", name},
+      {"description", "A test tool"},
+      {"parameters", json::parse(R"({"type":"object","properties":{"city":{"type":"string"}},"required":["city"]})")},
+      {"execution", json::object{{"class", "sandboxed-code"}, {"runtime", "javascript"}, {"source", source}}}};
+}
+
+json::object resultOf(const json::object& response) {
+  INFO(toolhost::protocol::encodeLine(response));
+  REQUIRE(response.contains("result"));
+  return response.at("result").as_object();
+}
+
+std::int64_t errorCode(const json::object& response) {
+  INFO(toolhost::protocol::encodeLine(response));
+  REQUIRE(response.contains("error"));
+  return response.at("error").at("code").as_int64();
+}
+
+std::string errorDetail(const json::object& response) {
+  return std::string(response.at("error").at("data").at("detail").as_string());
+}
+
+}  // namespace
+
+TEST_CASE("install, activate, get, list, history over the socket", "[e2e][tools]") {
+  auto daemon = DaemonProcess::start();
+  RawClient client(daemon->socket());
+
+  auto installed = resultOf(client.call("tools.install", json::object{{"manifest", manifest("weather-lookup")}}));
+  std::string v1(installed.at("revision").as_string());
+  CHECK(installed.at("created") == true);
+  CHECK(installed.at("name") == "weather-lookup");
+  auto again = resultOf(client.call("tools.install", json::object{{"manifest", manifest("weather-lookup")}}));
+  CHECK(again.at("revision") == json::value(v1));
+  CHECK(again.at("created") == false);
+
+  // Installed but not active: not reachable by name yet.
+  CHECK(errorCode(client.call("tools.get", json::object{{"name", "weather-lookup"}})) == -32001);
+  auto byRevision = resultOf(client.call("tools.get", json::object{{"revision", v1}}));
+  CHECK(byRevision.at("active") == false);
+  CHECK(byRevision.at("manifest") == manifest("weather-lookup"));
+
+  auto activated = resultOf(client.call("tools.activate", json::object{{"name", "weather-lookup"}, {"revision", v1}}));
+  CHECK(activated.at("changed") == true);
+  CHECK(activated.at("previous").is_null());
+
+  auto v2 = std::string(resultOf(client.call(
+      "tools.install", json::object{{"manifest", manifest("weather-lookup", "export default async () => 2")}}))
+                            .at("revision").as_string());
+  auto conflict = client.call("tools.activate", json::object{{"name", "weather-lookup"}, {"revision", v2}});
+  CHECK(errorCode(conflict) == -32012);
+  CHECK_THAT(errorDetail(conflict), Catch::Contains("replace: true"));
+  auto moved = resultOf(client.call("tools.activate",
+                                    json::object{{"name", "weather-lookup"}, {"revision", v2}, {"replace", true}}));
+  CHECK(moved.at("previous") == json::value(v1));
+  CHECK(moved.contains("changes"));
+
+  auto active = resultOf(client.call("tools.get", json::object{{"name", "weather-lookup"}}));
+  CHECK(active.at("revision") == json::value(v2));
+  CHECK(active.at("active") == true);
+
+  auto list = resultOf(client.call("tools.list"));
+  std::set<std::string> names;
+  for (const auto& tool : list.at("tools").as_array()) names.insert(std::string(tool.at("name").as_string()));
+  CHECK(names == std::set<std::string>{"echo", "time-now", "weather-lookup"});
+
+  auto history = resultOf(client.call("tools.history", json::object{{"name", "weather-lookup"}}));
+  auto& revisions = history.at("revisions").as_array();
+  REQUIRE(revisions.size() == 2);
+  CHECK(revisions[0].at("revision") == json::value(v1));
+  CHECK(revisions[0].at("active") == false);
+  CHECK(revisions[1].at("revision") == json::value(v2));
+  CHECK(revisions[1].at("active") == true);
+
+  // A revision under another name is not found.
+  resultOf(client.call("tools.install", json::object{{"manifest", manifest("other-tool")}}));
+  CHECK(errorCode(client.call("tools.get", json::object{{"name", "other-tool"}, {"revision", v1}})) == -32001);
+  CHECK(errorCode(client.call("tools.activate", json::object{{"name", "other-tool"}, {"revision", v1}})) == -32001);
+
+  // And everything survives a restart.
+  REQUIRE(daemon->stop() == 0);
+  DaemonOptions options;
+  options.stateDir = daemon->stateDir();
+  auto restarted = DaemonProcess::start(options);
+  RawClient after(restarted->socket());
+  CHECK(resultOf(after.call("tools.get", json::object{{"name", "weather-lookup"}})).at("revision") == json::value(v2));
+  CHECK(resultOf(after.call("store.verify")).at("ok") == true);
+}
+
+TEST_CASE("every install refusal names the field and the reason", "[e2e][tools]") {
+  auto daemon = DaemonProcess::start();
+  RawClient client(daemon->socket());
+  auto refuse = [&](json::object m, std::int64_t code, const std::string& expected) {
+    auto response = client.call("tools.install", json::object{{"manifest", std::move(m)}});
+    CHECK(errorCode(response) == code);
+    CHECK_THAT(errorDetail(response), Catch::Contains(expected));
+  };
+  refuse(manifest("Bad Name"), -32011, "manifest/name");
+  refuse(manifest("echo"), -32012, "built-in");
+  auto m = manifest("t");
+  m["execution"] = json::parse(R"({"class":"trusted-native","implementationRevision":"sha256:AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"})");
+  refuse(m, -32011, "trusted-native");
+  m = manifest("t");
+  m["parameters"] = json::parse(R"({"type":"object","properties":{"p":{"type":"string","pattern":"x"}}})");
+  refuse(m, -32011, "pattern");
+  m = manifest("t");
+  m["surprise"] = 1;
+  refuse(m, -32602, "params/manifest");
+  m = manifest("t");
+  m["execution"].as_object()["runtime"] = "python";
+  refuse(m, -32602, "params/manifest/execution/runtime");
+  m = manifest("t");
+  m["capabilities"] = json::parse(R"({"fetch":[{"origin":"https://x.example/path","access":["read"]}]})");
+  refuse(m, -32011, "manifest/capabilities/fetch/0/origin");
+  CHECK(errorCode(client.call("tools.install", json::object{})) == -32602);
+  CHECK(errorCode(client.call("tools.activate", json::object{{"name", "nope"}, {"revision", "x"}})) == -32602);
+  CHECK(errorCode(client.call("tools.get", json::object{})) == -32602);
+  CHECK(errorCode(client.call("tools.history", json::object{{"name", "never-installed"}})) == -32001);
+}
+
+TEST_CASE("built-in tools are registered, callable and pinned", "[e2e][tools]") {
+  auto daemon = DaemonProcess::start();
+  RawClient client(daemon->socket());
+  auto echo = resultOf(client.call("tools.call", json::object{{"name", "echo"}, {"arguments", json::object{{"a", json::array{1, "two"}}}}}));
+  CHECK(echo.at("result") == json::object{{"a", json::array{1, "two"}}});
+  CHECK(echo.at("name") == "echo");
+  CHECK(echo.at("usage").as_object().contains("wallMs"));
+  std::string echoRevision(echo.at("revision").as_string());
+  CHECK(resultOf(client.call("tools.get", json::object{{"name", "echo"}})).at("class") == "trusted-native");
+
+  auto time = resultOf(client.call("tools.call", json::object{{"name", "time-now"}, {"arguments", json::object{{"offsetMinutes", 60}}}}));
+  CHECK_THAT(std::string(time.at("result").at("iso").as_string()), Catch::EndsWith("+01:00"));
+
+  auto invalid = client.call("tools.call", json::object{{"name", "time-now"}, {"arguments", json::object{{"offsetMinutes", 9999}}}});
+  CHECK(errorCode(invalid) == -32602);
+  CHECK_THAT(errorDetail(invalid), Catch::Contains("arguments/offsetMinutes"));
+  CHECK(errorCode(client.call("tools.call", json::object{{"name", "no-such-tool"}})) == -32001);
+  // By revision, and the revision must carry the name if both are given.
+  CHECK(resultOf(client.call("tools.call", json::object{{"revision", echoRevision}})).at("name") == "echo");
+  CHECK(errorCode(client.call("tools.call", json::object{{"revision", echoRevision}, {"name", "time-now"}})) == -32001);
+
+  // A restart re-registers them without writing: the history keeps one revision each.
+  REQUIRE(daemon->stop() == 0);
+  DaemonOptions options;
+  options.stateDir = daemon->stateDir();
+  auto restarted = DaemonProcess::start(options);
+  RawClient after(restarted->socket());
+  auto history = resultOf(after.call("tools.history", json::object{{"name", "echo"}}));
+  CHECK(history.at("revisions").as_array().size() == 1);
+  CHECK(history.at("revisions").as_array()[0].at("revision") == json::value(echoRevision));
+}
+
+TEST_CASE("tools.configure stores settings revisions per tool revision", "[e2e][tools]") {
+  auto daemon = DaemonProcess::start();
+  RawClient client(daemon->socket());
+  auto rev = std::string(resultOf(client.call("tools.install", json::object{{"manifest", manifest("weather-lookup")}})).at("revision").as_string());
+  auto configured = resultOf(client.call("tools.configure", json::object{{"name", "weather-lookup"}, {"revision", rev}, {"settings", json::object{{"units", "metric"}}}}));
+  CHECK(configured.at("created") == true);
+  std::string settingsRevision(configured.at("settingsRevision").as_string());
+  CHECK(settingsRevision.rfind("sha256:", 0) == 0);
+  auto got = resultOf(client.call("tools.get", json::object{{"revision", rev}}));
+  CHECK(got.at("settingsRevision") == json::value(settingsRevision));
+  CHECK(errorCode(client.call("tools.configure", json::object{{"name", "other"}, {"revision", rev}, {"settings", json::object{}}})) == -32001);
+  // Settings values are not in tools.get: only the revision.
+  CHECK(toolhost::protocol::encodeLine(got).find("metric") == std::string::npos);
+}
+
+TEST_CASE("only admins install; agents read and call", "[e2e][tools][peers]") {
+  if (::geteuid() != 0) {
+    WARN("needs root to run a client as another uid; skipped");
+    return;
+  }
+  DaemonOptions options;
+  options.configToml = "[[access]]\nuid = 65534\nroles = [\"agent\"]\n";
+  auto daemon = DaemonProcess::start(options);
+  ::chmod(daemon->dir().c_str(), 0755);
+  ::chmod(daemon->socket().c_str(), 0777);
+  auto asNobody = [&](std::vector<std::string> args) {
+    std::vector<std::string> command{"setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                                     ctlBinary().string(), "--socket", daemon->socket().string()};
+    command.insert(command.end(), args.begin(), args.end());
+    return runProgram(command);
+  };
+  auto install = asNobody({"call", "tools.install", toolhost::protocol::writeJson(json::object{{"manifest", manifest("t")}})});
+  CHECK(install.status == 1);
+  CHECK_THAT(install.out, Catch::Contains("-32002"));
+  CHECK_THAT(install.err, Catch::Contains("admin"));
+  CHECK(asNobody({"call", "tools.list"}).status == 0);
+  CHECK(asNobody({"call", "tools.call", R"({"name":"echo","arguments":{"x":1}})"}).status == 0);
+  CHECK(asNobody({"call", "store.verify"}).status == 1);
+}
+
+TEST_CASE("kill -9 during installs leaves every stored manifest intact", "[e2e][tools][crash]") {
+  TempDir state;
+  std::mt19937 random(20261130);
+  std::set<std::string> acknowledged;  // revisions the daemon answered for
+  for (int round = 0; round < 5; ++round) {
+    DaemonOptions options;
+    options.stateDir = state.path() / "state";
+    auto daemon = DaemonProcess::start(options);
+    std::atomic<bool> stop{false};
+    std::mutex mutex;
+    std::thread writer([&, round] {
+      try {
+        RawClient client(daemon->socket());
+        for (int i = 0; !stop; ++i) {
+          auto name = "tool-" + std::to_string(round) + "-" + std::to_string(i);
+          // No Catch assertions on this thread: a killed daemon just ends the loop.
+          auto quietCall = [&](const char* method, json::object params) -> std::optional<json::value> {
+            client.send(toolhost::protocol::encodeLine(json::object{
+                {"jsonrpc", "2.0"}, {"id", 1}, {"method", method}, {"params", std::move(params)}}));
+            auto line = client.readLine(std::chrono::seconds(5));
+            if (!line) return std::nullopt;
+            auto parsed = toolhost::protocol::parseJson(*line);
+            if (!parsed || !parsed->is_object() || !parsed->as_object().contains("result")) return std::nullopt;
+            return parsed->at("result");
+          };
+          auto installed = quietCall("tools.install", json::object{{"manifest", manifest(name)}});
+          if (!installed) break;
+          std::string revision(installed->at("revision").as_string());
+          if (!quietCall("tools.activate", json::object{{"name", name}, {"revision", revision}})) break;
+          std::lock_guard lock(mutex);
+          acknowledged.insert(revision);
+        }
+      } catch (...) {
+        // The daemon was killed under us: expected.
+      }
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(50 + random() % 150));
+    daemon->stop(SIGKILL);
+    stop = true;
+    writer.join();
+  }
+  DaemonOptions options;
+  options.stateDir = state.path() / "state";
+  auto daemon = DaemonProcess::start(options);
+  RawClient client(daemon->socket());
+  auto verify = resultOf(client.call("store.verify"));
+  CHECK(verify.at("problems").as_array().empty());
+  CHECK(verify.at("ok") == true);
+  REQUIRE(acknowledged.size() > 5);
+  for (const auto& revision : acknowledged) {
+    auto got = client.call("tools.get", json::object{{"revision", revision}});
+    CHECK(got.contains("result"));
+  }
+}

@@ -1,0 +1,451 @@
+// The registry against a real LMDB store in a temporary directory.
+#include "registry/registry.h"
+
+#include "protocol/content_hash.h"
+#include "protocol/json_text.h"
+#include "registry/manifest.h"
+#include "registry/native_tools.h"
+
+#include <boost/json/parse.hpp>
+#include <catch2/catch.hpp>
+#include <openssl/evp.h>
+#include <unistd.h>
+
+#include <filesystem>
+
+using namespace toolhost;
+using namespace toolhost::registry;
+namespace json = boost::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct TempStore {
+  fs::path dir;
+  store::StorePtr store;
+  TempStore() {
+    char pattern[] = "/tmp/th-reg-XXXXXX";
+    dir = ::mkdtemp(pattern);
+    reopen();
+  }
+  void reopen() {
+    store.reset();
+    store::Options options;
+    options.stateDir = dir;
+    options.tables = Registry::tables();
+    store = std::move(*store::Store::open(options));
+  }
+  ~TempStore() {
+    store.reset();
+    fs::remove_all(dir);
+  }
+};
+
+json::object manifest(std::string_view name = "weather-lookup", std::string_view source = "export default async (a) => a") {
+  return json::object{
+      {"name", name},
+      {"description", "Current weather for a city"},
+      {"parameters", json::parse(R"({"type":"object","properties":{"city":{"type":"string"}},"required":["city"]})")},
+      {"execution", json::object{{"class", "sandboxed-code"}, {"runtime", "javascript"}, {"source", source}}},
+      {"capabilities", json::parse(R"({"fetch":[{"origin":"https://api.weather.example","access":["read"]}]})")},
+      {"limits", json::parse(R"({"wallMs":60000,"heapMb":64})")}};
+}
+
+// SHA-256 the way anyone can compute it offline: tag, NUL, canonical JSON; base64url, no padding.
+std::string offlineHash(std::string_view tag, std::string_view canonical) {
+  std::string input(tag);
+  input.push_back('\0');
+  input.append(canonical);
+  unsigned char digest[32];
+  unsigned int length = 0;
+  EVP_Digest(input.data(), input.size(), digest, &length, EVP_sha256(), nullptr);
+  unsigned char base64[64];
+  int written = EVP_EncodeBlock(base64, digest, 32);
+  std::string out(reinterpret_cast<char*>(base64), static_cast<std::size_t>(written));
+  for (char& c : out) {
+    if (c == '+') c = '-';
+    if (c == '/') c = '_';
+  }
+  while (!out.empty() && out.back() == '=') out.pop_back();
+  return "sha256:" + out;
+}
+
+std::size_t historySize(Registry& registry, const std::string& name) {
+  auto history = registry.history(name);
+  return history ? history->size() : 0;
+}
+
+}  // namespace
+
+TEST_CASE("a revision is the hash of the manifest exactly as submitted", "[registry]") {
+  TempStore temp;
+  Registry registry(*temp.store);
+  // Keys deliberately out of order, and a number written as 4.50: the canonical form fixes both.
+  std::string submitted =
+      R"({"parameters":{"type":"object","properties":{"n":{"type":"number","default":4.50e1}}},"name":"t1","execution":{"source":"export default () => 4.50","runtime":"javascript","class":"sandboxed-code"},"description":"d","limits":{"heapMb":45}})";
+  std::string canonical =
+      R"({"description":"d","execution":{"class":"sandboxed-code","runtime":"javascript","source":"export default () => 4.50"},"limits":{"heapMb":45},"name":"t1","parameters":{"properties":{"n":{"default":45,"type":"number"}},"type":"object"}})";
+  auto installed = registry.install(json::parse(submitted).as_object());
+  REQUIRE(installed.has_value());
+  CHECK(installed->revision == offlineHash("toolhost.tool-manifest.v1", canonical));
+  CHECK(installed->revision.size() == 50);
+  CHECK(installed->created);
+  CHECK(installed->name == "t1");
+}
+
+TEST_CASE("installing the same manifest again, in any key order, writes nothing", "[registry]") {
+  TempStore temp;
+  Registry registry(*temp.store);
+  auto first = registry.install(manifest());
+  REQUIRE(first.has_value());
+  json::object reordered;
+  auto original = manifest();
+  for (auto it = original.end(); it != original.begin();) {
+    --it;
+    reordered[it->key()] = it->value();
+  }
+  auto again = registry.install(reordered);
+  REQUIRE(again.has_value());
+  CHECK(again->revision == first->revision);
+  CHECK_FALSE(again->created);
+  CHECK(historySize(registry, "weather-lookup") == 1);
+  // No defaults are filled in before hashing: an explicit empty capabilities object differs.
+  auto withEmpty = manifest();
+  withEmpty["capabilities"] = json::object{};
+  auto third = registry.install(withEmpty);
+  REQUIRE(third.has_value());
+  CHECK(third->revision != first->revision);
+}
+
+TEST_CASE("bindings: activate, conflict without replace, changes listed", "[registry]") {
+  TempStore temp;
+  Registry registry(*temp.store);
+  auto v1 = registry.install(manifest());
+  auto v2Manifest = manifest("weather-lookup", "export default async () => 2");
+  v2Manifest["capabilities"] = json::parse(
+      R"({"fetch":[{"origin":"https://api.weather.example","access":["read","write"]}],"storage":true})");
+  v2Manifest["limits"] = json::parse(R"({"wallMs":30000,"heapMb":64})");
+  auto v2 = registry.install(v2Manifest);
+  REQUIRE(v1.has_value());
+  REQUIRE(v2.has_value());
+
+  CHECK_FALSE(registry.tryBinding("weather-lookup").has_value());
+  auto first = registry.activate("weather-lookup", v1->revision, false);
+  REQUIRE(first.has_value());
+  CHECK(first->changed);
+  CHECK_FALSE(first->previous.has_value());
+  CHECK(registry.tryBinding("weather-lookup")->revision == v1->revision);
+
+  auto same = registry.activate("weather-lookup", v1->revision, false);
+  REQUIRE(same.has_value());
+  CHECK_FALSE(same->changed);
+
+  std::vector<std::string> moves;
+  registry.onBindingMoved([&](const std::string& name, const std::string& from, const std::string& to) {
+    moves.push_back(name + " " + from + " " + to);
+  });
+  auto refused = registry.activate("weather-lookup", v2->revision, false);
+  REQUIRE_FALSE(refused.has_value());
+  CHECK(refused.error().code == RegistryErrc::conflict);
+  CHECK_THAT(refused.error().detail, Catch::Contains("replace"));
+  CHECK(registry.tryBinding("weather-lookup")->revision == v1->revision);
+  CHECK(moves.empty());
+
+  auto moved = registry.activate("weather-lookup", v2->revision, true);
+  REQUIRE(moved.has_value());
+  CHECK(moved->previous == v1->revision);
+  CHECK(moved->changes.at("capabilities").at("added") ==
+        json::array{"fetch https://api.weather.example write", "storage"});
+  CHECK(moved->changes.at("capabilities").at("removed").as_array().empty());
+  CHECK(moved->changes.at("limits").at("wallMs").at("from") == 60000);
+  CHECK(moved->changes.at("limits").at("wallMs").at("to") == 30000);
+  CHECK(moves.size() == 1);
+
+  auto history = registry.history("weather-lookup");
+  REQUIRE(history.has_value());
+  REQUIRE(history->size() == 2);
+  CHECK(history->at(0).revision == v1->revision);
+  CHECK_FALSE(history->at(0).active);
+  CHECK(history->at(1).active);
+}
+
+TEST_CASE("a revision cannot be borrowed under another name", "[registry]") {
+  TempStore temp;
+  Registry registry(*temp.store);
+  auto weather = registry.install(manifest("weather-lookup"));
+  auto other = registry.install(manifest("other-tool"));
+  REQUIRE(weather.has_value());
+  REQUIRE(other.has_value());
+  CHECK(registry.getRevision(weather->revision, std::string("weather-lookup")).has_value());
+  auto borrowed = registry.getRevision(weather->revision, std::string("other-tool"));
+  REQUIRE_FALSE(borrowed.has_value());
+  CHECK(borrowed.error().code == RegistryErrc::notFound);
+  auto bound = registry.activate("other-tool", weather->revision, true);
+  REQUIRE_FALSE(bound.has_value());
+  CHECK(bound.error().code == RegistryErrc::notFound);
+  CHECK(registry.getRevision("sha256:AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA").error().code ==
+        RegistryErrc::notFound);
+  CHECK(registry.getRevision("not-a-revision").error().code == RegistryErrc::notFound);
+}
+
+TEST_CASE("stored manifests are re-hashed on read; a mismatch is never served", "[registry]") {
+  TempStore temp;
+  std::string revision;
+  {
+    Registry registry(*temp.store);
+    revision = registry.install(manifest())->revision;
+    REQUIRE(registry.activate("weather-lookup", revision, false).has_value());
+  }
+  // Flip one character of the stored bytes behind the registry's back.
+  auto table = temp.store->table("tool_manifests");
+  auto tampered = temp.store->write([&](store::WriteTxn& txn) -> boost::system::result<void> {
+    auto stored = *txn.getCopy(table, revision);
+    auto at = stored.find("Current");
+    stored[at] = 'c';
+    txn.put(table, revision, stored);
+    return {};
+  });
+  REQUIRE(tampered.has_value());
+  Registry fresh(*temp.store);  // no cache
+  auto read = fresh.getRevision(revision);
+  REQUIRE_FALSE(read.has_value());
+  CHECK(read.error().code == RegistryErrc::integrity);
+  CHECK(fresh.getActive("weather-lookup").error().code == RegistryErrc::integrity);
+  auto problems = fresh.verifyAll();
+  REQUIRE(problems.has_value());
+  REQUIRE(problems->size() == 1);
+  CHECK_THAT(problems->front(), Catch::Contains(revision));
+}
+
+TEST_CASE("built-in tools: registered once, reserved, not installable", "[registry]") {
+  TempStore temp;
+  std::string echoRevision;
+  {
+    Registry registry(*temp.store);
+    for (auto& tool : builtinNativeTools()) {
+      auto registered = registry.registerNative(std::move(tool));
+      REQUIRE(registered.has_value());
+      CHECK(registered->created);
+      if (registered->name == "echo") echoRevision = registered->revision;
+    }
+    CHECK(registry.tryBinding("echo")->revision == echoRevision);
+    REQUIRE(registry.tryNative(echoRevision) != nullptr);
+    auto echoed = registry.tryNative(echoRevision)->run(json::object{{"x", 1}});
+    CHECK(*echoed == json::object{{"x", 1}});
+  }
+  // A restart registers them again without writing anything.
+  Registry registry(*temp.store);
+  for (auto& tool : builtinNativeTools()) {
+    auto registered = registry.registerNative(std::move(tool));
+    REQUIRE(registered.has_value());
+    CHECK_FALSE(registered->created);
+  }
+  CHECK(historySize(registry, "echo") == 1);
+
+  auto native = manifest("my-native");
+  native["execution"] = json::object{{"class", "trusted-native"},
+                                     {"implementationRevision", echoRevision}};
+  auto refused = registry.install(native);
+  REQUIRE_FALSE(refused.has_value());
+  CHECK(refused.error().code == RegistryErrc::invalidDefinition);
+  CHECK_THAT(refused.error().detail, Catch::Contains("trusted-native"));
+
+  auto taken = registry.install(manifest("echo"));
+  REQUIRE_FALSE(taken.has_value());
+  CHECK(taken.error().code == RegistryErrc::reservedName);
+}
+
+TEST_CASE("a changed built-in moves its binding", "[registry]") {
+  TempStore temp;
+  Registry registry(*temp.store);
+  auto tools = builtinNativeTools();
+  auto first = registry.registerNative(tools[0]);
+  NativeTool changed = tools[0];
+  changed.manifest["description"] = "a newer build's echo";
+  std::vector<std::string> moves;
+  registry.onBindingMoved([&](const std::string& name, const std::string&, const std::string&) { moves.push_back(name); });
+  auto second = registry.registerNative(changed);
+  REQUIRE(second.has_value());
+  CHECK(second->revision != first->revision);
+  CHECK(registry.tryBinding("echo")->revision == second->revision);
+  CHECK(moves == std::vector<std::string>{"echo"});
+}
+
+TEST_CASE("time-now answers the time at an offset", "[registry]") {
+  auto tools = builtinNativeTools();
+  auto& timeNow = tools[1];
+  REQUIRE(timeNow.manifest.at("name") == "time-now");
+  auto answer = timeNow.run(json::object{{"offsetMinutes", -90}});
+  REQUIRE(answer.has_value());
+  std::string iso(answer->at("iso").as_string());
+  CHECK_THAT(iso, Catch::EndsWith("-01:30"));
+  CHECK_THAT(std::string(answer->at("utc").as_string()), Catch::EndsWith("Z"));
+  CHECK(answer->at("unixMs").as_int64() > 1700000000000);
+}
+
+TEST_CASE("settings are content-addressed and resolve only for their own tool revision", "[registry]") {
+  TempStore temp;
+  Registry registry(*temp.store);
+  auto withSchema = manifest();
+  withSchema["settings"] = json::parse(R"({"type":"object","properties":{"units":{"enum":["metric","imperial"]}},"additionalProperties":false})");
+  auto tool = registry.install(withSchema);
+  auto other = registry.install(manifest("other-tool"));
+  REQUIRE(tool.has_value());
+  auto configured = registry.configure("weather-lookup", tool->revision, json::object{{"units", "metric"}});
+  REQUIRE(configured.has_value());
+  CHECK(configured->created);
+  CHECK(protocol::isContentHash(configured->settingsRevision));
+  CHECK(configured->settingsRevision ==
+        offlineHash("toolhost.tool-settings.v1",
+                    R"({"settings":{"units":"metric"},"tool":"weather-lookup","toolRevision":")" + tool->revision + R"("})"));
+  auto again = registry.configure("weather-lookup", tool->revision, json::object{{"units", "metric"}});
+  CHECK_FALSE(again->created);
+  CHECK(registry.trySettingsRevision("weather-lookup", tool->revision) == configured->settingsRevision);
+
+  auto values = registry.getSettings(configured->settingsRevision, "weather-lookup", tool->revision);
+  REQUIRE(values.has_value());
+  CHECK(values->at("units") == "metric");
+  CHECK(registry.getSettings(configured->settingsRevision, "other-tool", other->revision).error().code ==
+        RegistryErrc::notFound);
+  CHECK(registry.getSettings(configured->settingsRevision, "weather-lookup", other->revision).error().code ==
+        RegistryErrc::notFound);
+
+  auto invalid = registry.configure("weather-lookup", tool->revision, json::object{{"units", "kelvin"}});
+  REQUIRE_FALSE(invalid.has_value());
+  CHECK_THAT(invalid.error().detail, Catch::Contains("settings/units"));
+  CHECK(registry.configure("other-tool", tool->revision, json::object{}).error().code == RegistryErrc::notFound);
+}
+
+TEST_CASE("manifest refusals name the field and the reason", "[registry]") {
+  TempStore temp;
+  Registry registry(*temp.store);
+  auto refused = [&](json::object m, const std::string& expected) {
+    auto outcome = registry.install(m);
+    REQUIRE_FALSE(outcome.has_value());
+    CHECK(outcome.error().code == RegistryErrc::invalidDefinition);
+    CHECK_THAT(outcome.error().detail, Catch::Contains(expected));
+  };
+  for (const char* bad : {"Weather", "-x", "x-", "a--b", "1tool", "tool name", "", "ünïcode",
+                          "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"}) {
+    refused(manifest(bad), "manifest/name");
+  }
+  CHECK(isValidToolName("a"));
+  CHECK(isValidToolName("weather-lookup"));
+  CHECK(isValidToolName("time_now2"));
+
+  auto m = manifest();
+  m.erase("description");
+  refused(m, "description");
+
+  m = manifest();
+  m["parameters"] = json::parse(R"({"type":"array"})");
+  refused(m, "manifest/parameters");
+
+  m = manifest();
+  m["parameters"] = json::parse(R"({"type":"object","properties":{"a":{"type":"string","pattern":"^(a+)+$"}}})");
+  refused(m, "manifest/parameters/properties/a/pattern");
+
+  m = manifest();
+  m["parameters"] = json::parse(R"({"type":"object","patternProperties":{"^x":{}}})");
+  refused(m, "patternProperties");
+
+  m = manifest();
+  m["parameters"] = json::parse(R"({"type":"object","properties":{"a":{"type":"array","uniqueItems":true}}})");
+  refused(m, "uniqueItems");
+
+  m = manifest();
+  m["parameters"] = json::parse(R"({"type":"object","properties":{"a":{"$ref":"https://evil.example/schema"}}})");
+  refused(m, "$ref");
+
+  for (const char* origin : {"http://api.example", "https://API.example", "https://api.example/",
+                             "https://api.example/path", "https://user@api.example", "https://api.example:443",
+                             "https://api.example?q", "https://api.example:0"}) {
+    m = manifest();
+    m["capabilities"] = json::object{
+        {"fetch", json::array{json::object{{"origin", origin}, {"access", json::array{"read"}}}}}};
+    refused(m, "manifest/capabilities/fetch/0/origin");
+  }
+  CHECK(isCanonicalHttpsOrigin("https://api.example"));
+  CHECK(isCanonicalHttpsOrigin("https://api.example:8443"));
+  CHECK(isCanonicalHttpsOrigin("https://[::1]:8443"));
+
+  m = manifest();
+  m["capabilities"] = json::parse(R"({"fetch":[{"origin":"https://a.example","access":["delete"]}]})");
+  refused(m, "access");
+
+  m = manifest();
+  m["capabilities"] = json::parse(R"({"popup":["http://a.example"]})");
+  refused(m, "manifest/capabilities/popup/0");
+
+  m = manifest();
+  m["capabilities"] = json::parse(R"({"teleport":true})");
+  refused(m, "capabilities");
+
+  for (const char* module : {"../escape.js", "/abs.js", "util.py", "a//b.js", ".hidden.js"}) {
+    m = manifest();
+    m["execution"].as_object()["modules"] = json::object{{module, "export const x = 1"}};
+    refused(m, "manifest/execution/modules");
+  }
+
+  m = manifest();
+  m["execution"] = json::parse(R"({"class":"external-service","endpoint":"http://plain.example/rpc"})");
+  refused(m, "manifest/execution/endpoint");
+  m["execution"] = json::parse(R"({"class":"external-service","endpoint":"unix:relative.sock"})");
+  refused(m, "manifest/execution/endpoint");
+  m["execution"] = json::parse(R"({"class":"external-service","endpoint":"https://svc.example/rpc"})");
+  CHECK(registry.install(m).has_value());
+  m["execution"] = json::parse(R"({"class":"external-service","endpoint":"unix:/run/svc.sock"})");
+  CHECK(registry.install(m).has_value());
+
+  m = manifest();
+  m["execution"].as_object()["source"] = std::string(3 * 1024 * 1024, ' ');
+  refused(m, "manifest/execution");
+
+  m = manifest();
+  m["limits"] = json::parse(R"({"wallMs":-1})");
+  refused(m, "limits/wallMs");
+}
+
+TEST_CASE("format is an annotation: no regular expression ever runs on arguments", "[registry]") {
+  auto schema = compileToolSchema(
+      json::parse(R"({"type":"object","properties":{"when":{"type":"string","format":"date-time"}}})"), "parameters");
+  REQUIRE(schema.has_value());
+  // A string long enough to overflow std::regex's recursion if it were matched.
+  json::object arguments{{"when", std::string(500000, '1')}};
+  CHECK_FALSE(schema->validate(arguments).has_value());
+  CHECK(schema->validate(json::object{{"when", 5}}).has_value());
+}
+
+TEST_CASE("list shows every active binding", "[registry]") {
+  TempStore temp;
+  Registry registry(*temp.store);
+  auto a = registry.install(manifest("tool-a"));
+  auto b = registry.install(manifest("tool-b"));
+  registry.install(manifest("tool-c"));  // installed, never activated
+  REQUIRE(registry.activate("tool-a", a->revision, false).has_value());
+  REQUIRE(registry.activate("tool-b", b->revision, false).has_value());
+  auto bindings = registry.list();
+  REQUIRE(bindings.has_value());
+  REQUIRE(bindings->size() == 2);
+  CHECK(bindings->at(0).name == "tool-a");
+  CHECK(bindings->at(1).name == "tool-b");
+  CHECK(registry.history("tool-c")->size() == 1);
+  CHECK(registry.history("tool-z").error().code == RegistryErrc::notFound);
+}
+
+TEST_CASE("the state survives reopening the store", "[registry]") {
+  TempStore temp;
+  std::string revision;
+  {
+    Registry registry(*temp.store);
+    revision = registry.install(manifest())->revision;
+    registry.activate("weather-lookup", revision, false);
+  }
+  temp.reopen();
+  Registry registry(*temp.store);
+  auto active = registry.getActive("weather-lookup");
+  REQUIRE(active.has_value());
+  CHECK((*active)->revision == revision);
+  CHECK((*active)->manifest == manifest());
+  CHECK(registry.verifyAll()->empty());
+}

@@ -30,8 +30,14 @@ class Client {
       const std::string& method, const boost::json::value& params,
       std::chrono::milliseconds timeout = std::chrono::milliseconds::max());
 
-  // Waits for the next message of any kind.
+  // Waits for the next message of any kind. A zero timeout takes what has already arrived
+  // without waiting (ClientError::Kind::timeout when nothing has).
   boost::system::result<boost::json::object, ClientError> receive(std::chrono::milliseconds timeout);
+
+  // For callers that wait on several descriptors (toolhostctl approve): the socket to poll, and
+  // whether a whole message is already buffered (so polling would not report it).
+  int fd() const { return fd_; }
+  bool hasBufferedMessage() const { return buffer_.find('\n') != std::string::npos; }
 
   std::function<void(const boost::json::object&)> onNotification;
 

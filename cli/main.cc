@@ -1,6 +1,7 @@
 // toolhostctl: talks to toolhostd over its Unix socket. Prints JSON; exit codes a script can rely
 // on: 0 result, 1 JSON-RPC error, 2 usage, 3 cannot connect (or the connection failed).
 
+#include "cli/approve.h"
 #include "cli/client.h"
 #include "protocol/json_parse.h"
 #include "protocol/json_text.h"
@@ -135,6 +136,50 @@ int main(int argc, char** argv) {
   call->add_option("method", method, "method name, e.g. tools.list")->required();
   call->add_option("params", paramsText, "params as a JSON object, or - to read them from stdin");
 
+  auto* approve = app.add_subcommand(
+      "approve",
+      "be asked about each undecided request (tool, target, read/write) and answer it; "
+      "answers are read from stdin line by line");
+
+  // policy list|set|revoke|reset|check: thin wrappers over the policy.* methods.
+  auto* policy = app.add_subcommand("policy", "decisions: list, set ahead, revoke, reset, check");
+  policy->require_subcommand(1);
+  std::string revision, action, target, access, verdict, scope = "always";
+  auto addKey = [&](CLI::App* command) {
+    command->add_option("revision", revision, "tool revision (sha256:...)")->required();
+    command->add_option("action", action, "fetch, popup or invoke")
+        ->required()
+        ->check(CLI::IsMember({"fetch", "popup", "invoke"}));
+    command->add_option("target", target, "origin (https://host[:port]), custom-html, or endpoint")
+        ->required();
+    command->add_option("access", access, "read or write")
+        ->required()
+        ->check(CLI::IsMember({"read", "write"}));
+  };
+  auto* policyList = policy->add_subcommand("list", "decisions in force and prompts pending");
+  policyList->add_option("--revision", revision, "only this tool revision");
+  auto* policySet = policy->add_subcommand(
+      "set", "decide ahead: set REVISION ACTION TARGET ACCESS allow|deny [--scope session|always]");
+  addKey(policySet);
+  policySet->add_option("verdict", verdict, "allow or deny")
+      ->required()
+      ->check(CLI::IsMember({"allow", "deny"}));
+  policySet->add_option("--scope", scope, "session (until the daemon restarts) or always (default)")
+      ->check(CLI::IsMember({"session", "always"}));
+  auto* policyRevoke = policy->add_subcommand("revoke", "forget the decision for one key");
+  addKey(policyRevoke);
+  auto* policyReset = policy->add_subcommand("reset", "forget every decision (or one revision's)");
+  policyReset->add_option("revision", revision, "only this tool revision");
+  auto* policyCheck = policy->add_subcommand(
+      "check", "what would happen: runs the authorization, prompting approvers if undecided");
+  addKey(policyCheck);
+
+  auto* auditCommand = app.add_subcommand("audit", "the newest audit entries, oldest first");
+  std::int64_t auditLimit = 100;
+  auditCommand->add_option("--limit", auditLimit, "how many entries (1 to 10000)")
+      ->check(CLI::Range(1, 10000));
+  auditCommand->add_option("--revision", revision, "only this tool revision");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {
@@ -151,6 +196,34 @@ int main(int argc, char** argv) {
   if (*info) return callAndPrint(socket, "daemon.info", nullptr, asPretty, timeout);
   if (*health) return callAndPrint(socket, "daemon.health", nullptr, asPretty, timeout);
   if (*discover) return callAndPrint(socket, "rpc.discover", nullptr, asPretty, timeout);
+  if (*approve) return cli::runApprove(socket);
+  if (*policy) {
+    json::object key{
+        {"toolRevision", revision}, {"action", action}, {"target", target}, {"access", access}};
+    if (*policyList) {
+      json::object params;
+      if (!revision.empty()) params["toolRevision"] = revision;
+      return callAndPrint(socket, "policy.list", params, asPretty, timeout);
+    }
+    if (*policySet) {
+      key["verdict"] = verdict;
+      key["scope"] = scope;
+      return callAndPrint(socket, "policy.set", key, asPretty, timeout);
+    }
+    if (*policyRevoke) return callAndPrint(socket, "policy.revoke", key, asPretty, timeout);
+    if (*policyCheck) return callAndPrint(socket, "policy.check", key, asPretty, timeout);
+    if (*policyReset) {
+      json::object params;
+      if (!revision.empty()) params["toolRevision"] = revision;
+      return callAndPrint(socket, "policy.reset", params, asPretty, timeout);
+    }
+    return kExitUsage;
+  }
+  if (*auditCommand) {
+    json::object params{{"limit", auditLimit}};
+    if (!revision.empty()) params["toolRevision"] = revision;
+    return callAndPrint(socket, "audit.tail", params, asPretty, timeout);
+  }
   if (*call) {
     json::value params = nullptr;
     if (paramsText == "-") {

@@ -73,6 +73,43 @@ std::optional<ConfigError> readCount(const toml::table& table, const std::string
   return std::nullopt;
 }
 
+// [runtime]: V8 workers, the retained-sandbox pool, and the limits of sandboxed calls (defaults
+// for manifests that say nothing, and caps no manifest or call may exceed).
+std::optional<ConfigError> readRuntime(const toml::table& table, const std::string& file,
+                                       runtime::RuntimeConfig& runtime) {
+  auto limit = [&](const char* key, std::optional<std::int64_t>& out, std::int64_t high) {
+    std::int64_t value = out.value_or(0);
+    auto error = readCount(table, file, "runtime", key, value, 1, high);
+    if (!error && table["runtime"][key]) out = value;
+    return error;
+  };
+  for (auto error : {
+           readCount(table, file, "runtime", "workers", runtime.workers, 1, 256),
+           readCount(table, file, "runtime", "max_retained", runtime.maxRetained, 1, 100000),
+           readCount(table, file, "runtime", "memory_budget_mb", runtime.memoryBudgetMb, 1, 1 << 20),
+           readCount(table, file, "runtime", "max_queued_per_sandbox", runtime.maxQueuedPerSandbox, 1,
+                     1000000),
+           limit("default_wall_ms", runtime.defaults.wallMs, 86400000),
+           limit("default_cpu_ms", runtime.defaults.cpuMs, 86400000),
+           limit("default_heap_mb", runtime.defaults.heapMb, 65536),
+           limit("default_array_buffer_mb", runtime.defaults.arrayBufferMb, 65536),
+           limit("default_stack_kb", runtime.defaults.stackKb, 65536),
+           limit("default_output_bytes", runtime.defaults.outputBytes, std::int64_t{1} << 34),
+           limit("max_wall_ms", runtime.caps.wallMs, 86400000),
+           limit("max_cpu_ms", runtime.caps.cpuMs, 86400000),
+           limit("max_heap_mb", runtime.caps.heapMb, 65536),
+           limit("max_array_buffer_mb", runtime.caps.arrayBufferMb, 65536),
+           limit("max_stack_kb", runtime.caps.stackKb, 65536),
+           limit("max_output_bytes", runtime.caps.outputBytes, std::int64_t{1} << 34),
+       }) {
+    if (error) return error;
+  }
+  // The worker threads' stacks must hold the deepest JavaScript stack a call may get.
+  auto neededMb = static_cast<std::size_t>((*runtime.caps.stackKb + 1023) / 1024 + 2);
+  if (runtime.workerStackMb < neededMb) runtime.workerStackMb = neededMb;
+  return std::nullopt;
+}
+
 std::optional<ConfigError> readAccess(const toml::table& table, const std::string& file,
                                       AccessRules& access) {
   const toml::node* node = table.get("access");
@@ -206,6 +243,16 @@ Result loadConfig(const CommandLine& commandLine) {
       if (error) return *error;
     }
     config.shutdownGrace = std::chrono::milliseconds(graceMs);
+    std::int64_t promptTimeoutMs = config.promptTimeout.count();
+    for (auto error : {
+             readCount(table, file, "policy", "prompt_timeout_ms", promptTimeoutMs, 1, 86400000),
+             readCount(table, file, "policy", "audit_max_entries", config.auditMaxEntries, 1,
+                       100000000),
+         }) {
+      if (error) return *error;
+    }
+    config.promptTimeout = std::chrono::milliseconds(promptTimeoutMs);
+    if (auto error = readRuntime(table, file, config.runtime)) return *error;
     if (auto level = table["log"]["level"].value<std::string>()) {
       if (!validLogLevel(*level)) {
         return fail(file, "log.level must be trace, debug, info, warn, error, critical or off");
@@ -314,6 +361,8 @@ ConfigChanges reconcileReload(const Config& running, Config& next) {
   compare(applied, "log.level", running.logLevel, next.logLevel);
   compare(applied, "server.shutdown_grace_ms", running.shutdownGrace.count(),
           next.shutdownGrace.count());
+  compare(applied, "policy.prompt_timeout_ms", running.promptTimeout.count(),
+          next.promptTimeout.count());
   if (!sameRules(running.access, next.access)) {
     applied.push_back("access: " + std::to_string(running.access.rules().size()) + " rule(s) -> " +
                       std::to_string(next.access.rules().size()) + " rule(s)");
@@ -328,6 +377,7 @@ ConfigChanges reconcileReload(const Config& running, Config& next) {
   compare(restart, "state.dir", running.stateDir, next.stateDir);
   compare(restart, "store.map_size_mb", running.mapSizeMb, next.mapSizeMb);
   compare(restart, "server.io_threads", running.ioThreads, next.ioThreads);
+  compare(restart, "policy.audit_max_entries", running.auditMaxEntries, next.auditMaxEntries);
   if (running.logFormat != next.logFormat) {
     restart.push_back(std::string("log.format: ") + logFormatName(running.logFormat) + " -> " +
                       logFormatName(next.logFormat));
@@ -338,6 +388,7 @@ ConfigChanges reconcileReload(const Config& running, Config& next) {
   next.mapSizeMb = running.mapSizeMb;
   next.ioThreads = running.ioThreads;
   next.logFormat = running.logFormat;
+  next.auditMaxEntries = running.auditMaxEntries;
   return changes;
 }
 

@@ -4,6 +4,7 @@
 
 #include "daemon/roles.h"
 #include "protocol/jsonrpc.h"
+#include "runtime/limits.h"
 
 #include <boost/system/result.hpp>
 
@@ -34,6 +35,12 @@ struct Config {
   LogFormat logFormat = LogFormat::automatic;
   AccessRules access;
   std::optional<std::filesystem::path> configFile;
+  // [policy]: how long a prompt waits for an approver before the request is denied (a reload
+  // applies it to prompts asked from then on), and how many audit entries are kept.
+  std::chrono::milliseconds promptTimeout{120000};
+  std::size_t auditMaxEntries = 100000;
+  // [runtime]: read at start; a change needs a restart.
+  runtime::RuntimeConfig runtime;
 };
 
 // Values given on the command line; they win over the file.

@@ -21,6 +21,8 @@ inline constexpr int kConflict = -32012;
 inline constexpr int kIntegrity = -32013;
 inline constexpr int kUnavailable = -32014;      // shutting down, or a subsystem is not ready
 inline constexpr int kStorageFull = -32015;
+inline constexpr int kArrayBufferLimit = -32016;
+inline constexpr int kStackLimit = -32017;
 
 // The fixed error.message for each code; error.data says the specifics.
 inline std::string_view message(int code) {
@@ -40,6 +42,8 @@ inline std::string_view message(int code) {
     case kIntegrity: return "Integrity error";
     case kUnavailable: return "Unavailable";
     case kStorageFull: return "Storage full";
+    case kArrayBufferLimit: return "ArrayBuffer limit exceeded";
+    case kStackLimit: return "Stack limit exceeded";
     default: return "Server error";
   }
 }

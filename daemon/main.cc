@@ -6,13 +6,20 @@
 #include "daemon/logging.h"
 #include "daemon/meta_methods.h"
 #include "daemon/method_table.h"
+#include "daemon/policy_methods.h"
+#include "daemon/capability_host.h"
+#include "daemon/sandbox_methods.h"
 #include "daemon/server.h"
 #include "daemon/systemd.h"
 #include "daemon/task_methods.h"
 #include "daemon/tool_methods.h"
+#include "policy/approvals.h"
+#include "policy/audit.h"
+#include "policy/decisions.h"
 #include "registry/native_tools.h"
 #include "registry/registry.h"
 #include "registry/tasks.h"
+#include "runtime/sandbox_pool.h"
 #include "runtime/v8_platform.h"
 #include "store/store.h"
 
@@ -63,6 +70,7 @@ int run(const daemon::Config& config, const daemon::CommandLine& commandLine) {
   storeOptions.mapSizeMb = config.mapSizeMb;
   for (auto& table : registry::Registry::tables()) storeOptions.tables.push_back(table);
   for (auto& table : registry::TaskStore::tables()) storeOptions.tables.push_back(table);
+  for (auto& table : policy::DecisionStore::tables()) storeOptions.tables.push_back(table);
   auto opened = store::Store::open(storeOptions);
   if (!opened) {
     spdlog::critical("{}", opened.error().message);
@@ -80,6 +88,10 @@ int run(const daemon::Config& config, const daemon::CommandLine& commandLine) {
   }
   registry::TaskStore taskStore(store, registry);
 
+  policy::DecisionStore decisions(store);
+  policy::AuditLog audit(store, config.auditMaxEntries);
+  policy::ApprovalBroker approvals(decisions, audit);
+
   daemon::DaemonFacts facts;
   facts.version = TOOLHOST_VERSION;
   facts.config = &configs;
@@ -92,13 +104,26 @@ int run(const daemon::Config& config, const daemon::CommandLine& commandLine) {
                                {"schemaVersion", stats->schemaVersion}};
   }});
 
+  asio::io_context io(static_cast<int>(config.ioThreads));
+
+  // Sandboxed JavaScript: V8 workers, retained sandboxes, the watchdog. Destroyed before the
+  // io_context its callers run on.
+  daemon::DaemonCapabilityHost capabilityHost(registry, taskStore);
+  runtime::SandboxPool sandboxes(config.runtime, capabilityHost);
+  registry.onBindingMoved([&sandboxes](const std::string& name, const std::string& from, const std::string& to) {
+    spdlog::debug("{} moved from {} to {}; its sandbox is discarded", name, from, to);
+    sandboxes.discard(from);
+  });
+
   daemon::MethodTable methods;
   daemon::registerMetaMethods(methods, facts);
-  daemon::registerToolMethods(methods, daemon::ToolServices{registry});
+  daemon::registerToolMethods(methods, daemon::ToolServices{registry, &sandboxes});
+  daemon::registerSandboxMethods(methods, sandboxes);
   daemon::registerTaskMethods(methods, taskStore);
+  daemon::registerPolicyMethods(
+      methods, daemon::PolicyServices{registry, decisions, approvals, audit, configs});
   daemon::Dispatcher dispatcher(methods);
 
-  asio::io_context io(static_cast<int>(config.ioThreads));
   daemon::Server server(io, configs, dispatcher);
   facts.connectionCount = [&server] { return server.connectionCount(); };
   if (auto listening = systemd->listen(server, configs); !listening) {

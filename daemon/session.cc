@@ -60,6 +60,30 @@ asio::awaitable<void> Session::run() {
   socket_.close(ignored);
   writeWake_.cancel();
   spdlog::debug("conn={} closed", id_);
+  runCloseHooks();
+}
+
+Session::~Session() { runCloseHooks(); }
+
+void Session::onClose(std::function<void()> hook) {
+  if (closed_) {
+    hook();
+    return;
+  }
+  closeHooks_.push_back(std::move(hook));
+}
+
+void Session::runCloseHooks() {
+  closed_ = true;
+  auto hooks = std::move(closeHooks_);
+  closeHooks_.clear();
+  for (auto& hook : hooks) {
+    try {
+      hook();
+    } catch (const std::exception& e) {
+      spdlog::error("conn={} a close hook threw: {}", id_, e.what());
+    }
+  }
 }
 
 asio::awaitable<void> Session::waitForWake() {

@@ -30,6 +30,7 @@ class Session : public std::enable_shared_from_this<Session> {
 
   Session(Socket socket, std::uint64_t id, PeerCredentials peer, RoleSet roles,
           Dispatcher& dispatcher, const protocol::WireLimits& limits);
+  ~Session();
 
   // Serves the connection until it ends. Must be spawned on the socket's executor (a strand).
   boost::asio::awaitable<void> run();
@@ -42,6 +43,9 @@ class Session : public std::enable_shared_from_this<Session> {
   void beginShutdown();
   // Cancels everything in flight and closes now. Thread-safe.
   void abort();
+  // Runs `hook` once the connection has closed (or at once if it already has). Call on the
+  // session's strand, e.g. from a method handler. A hook must not hold the Session.
+  void onClose(std::function<void()> hook);
 
   std::uint64_t id() const { return id_; }
   Socket::executor_type executor() { return socket_.get_executor(); }
@@ -76,6 +80,7 @@ class Session : public std::enable_shared_from_this<Session> {
   bool cancelById(const boost::json::value& id);
   void peerGone();
   bool peerHungUp() const;
+  void runCloseHooks();
 
   Socket socket_;
   std::uint64_t id_;
@@ -96,6 +101,8 @@ class Session : public std::enable_shared_from_this<Session> {
   std::uint64_t nextRequestKey_ = 1;
   std::map<std::uint64_t, std::shared_ptr<boost::asio::cancellation_signal>> requests_;
   std::multimap<std::string, std::uint64_t> requestKeysById_;  // JSON id text -> request key
+  bool closed_ = false;
+  std::vector<std::function<void()>> closeHooks_;
 };
 
 }  // namespace toolhost::daemon

@@ -1,6 +1,7 @@
 #include "daemon/tool_methods.h"
 
 #include "daemon/registry_errors.h"
+#include "runtime/sandbox_pool.h"
 
 #include <boost/json/parse.hpp>
 #include <spdlog/spdlog.h>
@@ -41,6 +42,66 @@ json::object revisionSummary(const registry::ToolRevision& tool, bool active) {
 
 std::int64_t msSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start).count();
+}
+
+// A sandboxed call's outcome as a JSON-RPC answer.
+MethodResult answerFor(runtime::CallOutcome outcome, const registry::ToolRevision& tool) {
+  json::object usage{{"wallMs", outcome.usage.wallMs},
+                     {"cpuMs", outcome.usage.cpuMs},
+                     {"heapPeakBytes", outcome.usage.heapPeakBytes},
+                     {"freshSandbox", outcome.usage.freshSandbox}};
+  if (outcome.result) {
+    json::object answer{{"result", std::move(*outcome.result)},
+                        {"name", tool.name},
+                        {"revision", tool.revision},
+                        {"usage", std::move(usage)}};
+    if (!outcome.logs.empty()) answer["logs"] = outcome.logs;
+    return json::value(std::move(answer));
+  }
+  const runtime::CallError& error = outcome.result.error();
+  using runtime::CallErrc;
+  int code = app_error::kToolThrew;
+  switch (error.code) {
+    case CallErrc::timeout: code = app_error::kTimeout; break;
+    case CallErrc::cpuLimit: code = app_error::kCpuLimit; break;
+    case CallErrc::memoryLimit: code = app_error::kMemoryLimit; break;
+    case CallErrc::arrayBufferLimit: code = app_error::kArrayBufferLimit; break;
+    case CallErrc::stackLimit: code = app_error::kStackLimit; break;
+    case CallErrc::outputTooLarge: code = app_error::kOutputTooLarge; break;
+    case CallErrc::toolThrew:
+    case CallErrc::invalidResult: code = app_error::kToolThrew; break;
+    case CallErrc::invalidModule: code = app_error::kInvalidDefinition; break;
+    case CallErrc::invalidLimits: code = protocol::rpc_error::kInvalidParams; break;
+    case CallErrc::cancelled: code = app_error::kCancelled; break;
+    case CallErrc::overloaded: code = app_error::kOverloaded; break;
+    case CallErrc::notRunnable: code = app_error::kUnavailable; break;
+  }
+  protocol::RpcError rpc{code,
+                         code == protocol::rpc_error::kInvalidParams ? "Invalid params"
+                                                                     : std::string(app_error::message(code)),
+                         std::string(runtime::callErrcName(error.code)), error.detail};
+  rpc.extra["revision"] = tool.revision;
+  rpc.extra["usage"] = std::move(usage);
+  if (!error.toolError.empty()) rpc.extra["toolError"] = error.toolError;
+  if (!outcome.logs.empty()) rpc.extra["logs"] = outcome.logs;
+  return rpc;
+}
+
+runtime::CallLimits requestedLimits(const json::object& params) {
+  runtime::CallLimits limits;
+  const auto* given = params.if_contains("limits");
+  if (given == nullptr) return limits;
+  const auto& object = given->as_object();
+  auto read = [&](const char* key, std::optional<std::int64_t>& out) {
+    if (const auto* value = object.if_contains(key)) out = value->to_number<std::int64_t>();
+  };
+  read("wallMs", limits.wallMs);
+  read("cpuMs", limits.cpuMs);
+  read("heapMb", limits.heapMb);
+  read("arrayBufferMb", limits.arrayBufferMb);
+  read("stackKb", limits.stackKb);
+  read("outputBytes", limits.outputBytes);
+  return limits;
 }
 
 std::int64_t threadCpuMicros() {
@@ -190,6 +251,8 @@ void registerToolMethods(MethodTable& methods, ToolServices services) {
                               {"revision", kRevision},
                               {"arguments", schema(R"({"type":"object"})")},
                               {"mode", schema(R"({"enum":["retained","disposable"]})")},
+                              {"taskId", schema(R"({"type":"string","minLength":50,"maxLength":50,
+                                 "description":"the functioncall task this call executes; subtasks the tool creates follow it"})")},
                               {"limits", schema(R"({"type":"object","additionalProperties":false,"properties":{
                                  "wallMs":{"type":"integer","minimum":1},"cpuMs":{"type":"integer","minimum":1},
                                  "heapMb":{"type":"integer","minimum":1},"arrayBufferMb":{"type":"integer","minimum":1},
@@ -235,9 +298,19 @@ void registerToolMethods(MethodTable& methods, ToolServices services) {
                 {"revision", tool->revision},
                 {"usage", json::object{{"wallMs", msSince(started)}, {"cpuMs", cpuMicros / 1000}}}});
           }
-          case registry::ExecutionClass::sandboxedCode:
-            co_return appError(app_error::kUnavailable, "unavailable",
-                               "this daemon cannot run sandboxed-code tools yet");
+          case registry::ExecutionClass::sandboxedCode: {
+            if (services.sandboxes == nullptr) {
+              co_return appError(app_error::kUnavailable, "unavailable", "the JavaScript runtime is not running");
+            }
+            runtime::CallOptions options;
+            if (const auto* mode = params.if_contains("mode"); mode && mode->as_string() == "disposable") {
+              options.mode = runtime::CallOptions::Mode::disposable;
+            }
+            options.limits = requestedLimits(params);
+            if (const auto* task = params.if_contains("taskId")) options.invocation["taskId"] = *task;
+            auto outcome = co_await services.sandboxes->call(tool, arguments, std::move(options));
+            co_return answerFor(std::move(outcome), *tool);
+          }
           case registry::ExecutionClass::externalService:
             co_return appError(app_error::kUnavailable, "unavailable",
                                "external-service tools are forwarded once the policy engine "

@@ -10,7 +10,8 @@ namespace toolhost::runtime {
 
 namespace {
 std::atomic<bool> gInitialized{false};
-}
+std::atomic<v8::Platform*> gPlatform{nullptr};
+}  // namespace
 
 V8Platform::V8Platform(int workerThreads) {
   if (gInitialized.exchange(true)) throw std::logic_error("the V8 platform is initialized twice");
@@ -21,15 +22,19 @@ V8Platform::V8Platform(int workerThreads) {
   platform_ = v8::platform::NewDefaultPlatform(workerThreads);
   v8::V8::InitializePlatform(platform_.get());
   v8::V8::Initialize();
+  gPlatform = platform_.get();
 }
 
 V8Platform::~V8Platform() {
+  gPlatform = nullptr;
   v8::V8::Dispose();
   v8::V8::DisposePlatform();
   gInitialized = false;
 }
 
 bool V8Platform::initialized() { return gInitialized.load(); }
+
+v8::Platform* V8Platform::current() { return gPlatform.load(); }
 
 std::string v8Version() { return v8::V8::GetVersion(); }
 

@@ -23,6 +23,9 @@ class V8Platform {
   v8::Platform& platform() { return *platform_; }
   // True once constructed and until destroyed.
   static bool initialized();
+  // The live platform, or nullptr before construction and after destruction. Any thread; the
+  // sandboxes use it to pump their isolates' foreground tasks and to announce isolate shutdown.
+  static v8::Platform* current();
 
  private:
   std::unique_ptr<v8::Platform> platform_;

@@ -1,5 +1,6 @@
 // V8 works from our build: an isolate is created, evaluates JavaScript, and is disposed.
 #include "runtime/v8_platform.h"
+#include "tests/runtime/runtime_test_support.h"
 
 #include <catch2/catch.hpp>
 #include <libplatform/libplatform.h>
@@ -10,11 +11,8 @@
 
 namespace {
 
-// The platform lives for the whole test process, as in the daemon.
-toolhost::runtime::V8Platform& platform() {
-  static toolhost::runtime::V8Platform instance;
-  return instance;
-}
+// The platform lives for the whole test process, as in the daemon (shared with the other tests).
+toolhost::runtime::V8Platform& platform() { return toolhost::runtime::testing::v8Platform(); }
 
 std::string evaluate(const char* source) {
   platform();

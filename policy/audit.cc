@@ -1,0 +1,125 @@
+#include "policy/audit.h"
+
+#include "policy/decisions.h"
+#include "protocol/json_parse.h"
+#include "protocol/json_text.h"
+
+#include <algorithm>
+#include <chrono>
+
+namespace toolhost::policy {
+namespace json = boost::json;
+
+namespace {
+
+constexpr std::string_view kAuditTable = "audit";
+
+std::optional<AuditEntry> parseEntry(std::uint64_t sequence, std::string_view value) {
+  auto parsed = protocol::parseJson(value);
+  if (!parsed || !parsed->is_object()) return std::nullopt;
+  const auto& row = parsed->as_object();
+  auto text = [&](std::string_view name) -> std::string {
+    const auto* member = row.if_contains(name);
+    return member != nullptr && member->is_string() ? std::string(member->get_string()) : "";
+  };
+  AuditEntry entry;
+  entry.sequence = sequence;
+  entry.time = text("time");
+  entry.kind = text("kind");
+  entry.toolRevision = text("toolRevision");
+  entry.toolName = text("toolName");
+  entry.action = text("action");
+  entry.target = text("target");
+  entry.access = parseAccessClass(text("access"));
+  entry.verdict = text("verdict");
+  if (const auto* scope = row.if_contains("scope"); scope && scope->is_string()) {
+    entry.scope = std::string(scope->get_string());
+  }
+  entry.reason = text("reason");
+  if (const auto* status = row.if_contains("status"); status && status->is_int64()) {
+    entry.status = static_cast<int>(status->get_int64());
+  }
+  if (const auto* bytes = row.if_contains("bytes")) {
+    if (bytes->is_uint64()) entry.bytes = bytes->get_uint64();
+    if (bytes->is_int64() && bytes->get_int64() >= 0) {
+      entry.bytes = static_cast<std::uint64_t>(bytes->get_int64());
+    }
+  }
+  if (const auto* duration = row.if_contains("durationMs"); duration && duration->is_int64()) {
+    entry.durationMs = duration->get_int64();
+  }
+  return entry;
+}
+
+}  // namespace
+
+json::object toJson(const AuditEntry& entry) {
+  json::object out{{"sequence", entry.sequence}, {"time", entry.time},
+                   {"kind", entry.kind},         {"toolRevision", entry.toolRevision},
+                   {"toolName", entry.toolName}, {"action", entry.action},
+                   {"target", entry.target},     {"verdict", entry.verdict},
+                   {"reason", entry.reason}};
+  if (entry.access) out["access"] = accessClassName(*entry.access);
+  if (entry.scope) out["scope"] = *entry.scope;
+  if (entry.status) out["status"] = *entry.status;
+  if (entry.bytes) out["bytes"] = *entry.bytes;
+  if (entry.durationMs) out["durationMs"] = *entry.durationMs;
+  return out;
+}
+
+AuditLog::AuditLog(store::Store& store, std::size_t maxEntries)
+    : store_(store),
+      table_(store.table(kAuditTable)),
+      maxEntries_(std::max<std::size_t>(maxEntries, 1)) {}
+
+boost::system::result<std::uint64_t> AuditLog::append(AuditEntry entry) {
+  if (entry.time.empty()) entry.time = formatTime(std::chrono::system_clock::now());
+  return store_.write([&](store::WriteTxn& txn) -> boost::system::result<std::uint64_t> {
+    // The next number follows the newest row; the table is never emptied by trimming, so numbers
+    // only grow.
+    std::uint64_t last = 0;
+    txn.scan(table_, store::KeyRange::all().reversed(),
+             [&](std::string_view key, std::string_view) {
+               last = store::tryParseU64Key(key).value_or(0);
+               return false;
+             });
+    entry.sequence = last + 1;
+    json::object row = toJson(entry);
+    row.erase("sequence");  // the key holds it
+    txn.put(table_, store::u64Key(entry.sequence),
+            protocol::writeJson(json::value(std::move(row))));
+    std::uint64_t count = txn.count(table_);
+    if (count > maxEntries_) {
+      std::vector<std::string> oldest;
+      auto excess = count - maxEntries_;
+      txn.scan(table_, store::KeyRange::all(), [&](std::string_view key, std::string_view) {
+        oldest.emplace_back(key);
+        return oldest.size() < excess;
+      });
+      for (const auto& key : oldest) txn.erase(table_, key);
+    }
+    return entry.sequence;
+  });
+}
+
+boost::system::result<std::vector<AuditEntry>> AuditLog::tail(std::size_t limit,
+                                                              const AuditFilter& filter) const {
+  return store_.read([&](store::ReadTxn& txn) {
+    std::vector<AuditEntry> newestFirst;
+    if (limit == 0) return newestFirst;
+    txn.scan(table_, store::KeyRange::all().reversed(),
+             [&](std::string_view key, std::string_view value) {
+               auto sequence = store::tryParseU64Key(key);
+               if (!sequence) return true;
+               auto entry = parseEntry(*sequence, value);
+               if (!entry) return true;
+               if (filter.toolRevision && entry->toolRevision != *filter.toolRevision) return true;
+               newestFirst.push_back(std::move(*entry));
+               return newestFirst.size() < limit;
+             });
+    std::reverse(newestFirst.begin(), newestFirst.end());
+    return newestFirst;
+  });
+}
+
+}  // namespace toolhost::policy

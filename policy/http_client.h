@@ -1,0 +1,113 @@
+// The mediated HTTPS request: the daemon's own HTTP/1.1 client for sandboxed fetch, called after
+// the policy engine authorized the destination. Checks the request, resolves and checks every DNS
+// answer, connects to an address that passed (pinned), verifies TLS, sends exactly what the tool
+// asked plus the headers the daemon owns, and returns the response or a FetchError. No cookies,
+// no redirects, no proxies, no ambient credentials.
+// Threads: fetch() may be called concurrently from any coroutine; each fetch runs its I/O on the
+// awaiting coroutine's executor, which must be a strand or a single-threaded io_context (as every
+// connection and sandbox strand in the daemon is). The client must outlive every fetch.
+#pragma once
+
+#include "policy/destination.h"
+#include "policy/http_error.h"
+#include "policy/http_resolver.h"
+
+#include <boost/asio/awaitable.hpp>
+#include <boost/system/result.hpp>
+
+#include <chrono>
+#include <cstddef>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace toolhost::policy {
+
+struct HttpRequest {
+  std::string method = "GET";  // as normalizeMethod() gives it; any other token is sent as is
+  Destination destination;     // from parseDestination()
+  // Sent in order, names as given, values with surrounding spaces and tabs trimmed. Names the
+  // daemon owns are refused (see checkRequest()).
+  std::vector<std::pair<std::string, std::string>> headers;
+  std::string body;
+};
+
+struct HttpResponse {
+  unsigned status = 0;
+  std::string statusText;
+  // In the order received, names lowercased. Set-Cookie is returned like any header, never stored.
+  std::vector<std::pair<std::string, std::string>> headers;
+  std::string body;           // empty for HEAD, 1xx, 204 and 304
+  std::string remoteAddress;  // the address connected to, as formatAddress() writes it
+};
+
+struct FetchLimits {
+  std::size_t maxRequestBodyBytes = std::size_t{8} << 20;
+  std::size_t maxResponseBytes = std::size_t{16} << 20;  // the body; headers have their own cap
+  std::chrono::milliseconds timeout{30000};  // DNS, connect, TLS, request and response together
+};
+
+// Request headers the tool may not set, because the daemon owns them or because they would carry
+// what the daemon never sends. Case-insensitive; "proxy-" and "sec-" are prefixes.
+//   framing and connection: host, content-length, transfer-encoding, te, trailer, connection,
+//     keep-alive, upgrade, expect, http2-settings
+//   content coding: accept-encoding (the daemon asks for identity: bodies are returned as sent)
+//   cookies: cookie, cookie2, set-cookie (no cookies are ever sent or stored)
+//   proxies: proxy-* (no proxy is used, and proxy credentials must not reach origins)
+//   method overrides: x-http-method, x-http-method-override, x-method-override (they would let a
+//     request authorized as read act as a write on servers that honour them)
+//   browser-owned: sec-*
+bool isForbiddenRequestHeader(std::string_view name);
+
+// The checks fetch() makes before any I/O, for callers that want to refuse a request before
+// asking a human: a method that is an RFC 9110 token other than CONNECT, TRACE and TRACK; header
+// names that are tokens and not forbidden; values of visible ASCII, obs-text, SP and HTAB (no CR,
+// LF, NUL or other controls); at most kMaxRequestHeaders headers in kMaxRequestHeaderBytes; a
+// body within limits.maxRequestBodyBytes; a destination whose host, literal and target
+// parseDestination() could have made.
+constexpr std::size_t kMaxRequestHeaders = 100;
+constexpr std::size_t kMaxRequestHeaderBytes = 64 * 1024;
+constexpr std::size_t kMaxResponseHeaderBytes = 64 * 1024;
+boost::system::result<void, FetchError> checkRequest(const HttpRequest& request,
+                                                     const FetchLimits& limits);
+
+using FetchResult = boost::system::result<HttpResponse, FetchError>;
+
+class HttpClient {
+ public:
+  // Trusts the system CA store (OpenSSL's default paths) plus every certificate in
+  // `extraCaFile` ([fetch] extra_ca_file, PEM), read now: a changed file needs a new client.
+  // Throws std::runtime_error naming the file when it cannot be read or holds no certificate.
+  // `rules` judges literal destinations again and every DNS answer ([fetch] allow_private).
+  HttpClient(AddressRules rules, std::optional<std::filesystem::path> extraCaFile,
+             std::shared_ptr<Resolver> resolver = makeSystemResolver());
+  ~HttpClient();
+  HttpClient(const HttpClient&) = delete;
+  HttpClient& operator=(const HttpClient&) = delete;
+
+  // One request on a fresh connection (Connection: close). A 3xx is returned, not followed.
+  // Terminal cancellation of the awaiting coroutine (its cancellation slot) aborts the exchange,
+  // closes the socket and answers cancelled; partial and total cancellation are ignored, as the
+  // awaitable's default filter has it.
+  boost::asio::awaitable<FetchResult> fetch(HttpRequest request, FetchLimits limits = {});
+
+  const AddressRules& rules() const { return rules_; }
+
+ private:
+  boost::asio::awaitable<FetchResult> exchange(HttpRequest request, FetchLimits limits);
+
+  struct Tls;  // the OpenSSL client context, kept out of this header
+
+  AddressRules rules_;
+  std::shared_ptr<Resolver> resolver_;
+  std::unique_ptr<Tls> tls_;
+};
+
+// "toolhost/<version>", sent as User-Agent unless the request has one.
+std::string_view defaultUserAgent();
+
+}  // namespace toolhost::policy

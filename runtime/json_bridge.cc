@@ -1,0 +1,369 @@
+#include "runtime/json_bridge.h"
+
+#include "protocol/json_text.h"
+
+#include <boost/json/array.hpp>
+#include <boost/json/object.hpp>
+#include <boost/json/string.hpp>
+
+#include <cmath>
+#include <string_view>
+#include <vector>
+
+namespace toolhost::runtime {
+namespace json = boost::json;
+
+namespace {
+
+constexpr double kInt64Limit = 9223372036854775808.0;  // 2^63
+constexpr std::size_t kKillCheckEvery = 256;
+
+// Bytes `text` takes as a JSON string, quotes included (the escaping of protocol::writeJson).
+std::size_t jsonStringSize(std::string_view text) {
+  std::size_t size = text.size() + 2;
+  for (unsigned char c : text) {
+    if (c == '"' || c == '\\') {
+      size += 1;
+    } else if (c < 0x20) {
+      size += (c == '\b' || c == '\t' || c == '\n' || c == '\f' || c == '\r') ? 1 : 5;
+    }
+  }
+  return size;
+}
+
+std::size_t integerSize(std::int64_t number) {
+  std::size_t size = number < 0 ? 2 : 1;
+  std::uint64_t magnitude = number < 0 ? 0 - static_cast<std::uint64_t>(number) : number;
+  while (magnitude >= 10) {
+    magnitude /= 10;
+    ++size;
+  }
+  return size;
+}
+
+// RFC 6901: '~' -> "~0", '/' -> "~1".
+void appendPointerToken(std::string& out, std::string_view token) {
+  out += '/';
+  for (char c : token.substr(0, 64)) {
+    if (c == '~') {
+      out += "~0";
+    } else if (c == '/') {
+      out += "~1";
+    } else {
+      out += c;
+    }
+  }
+  if (token.size() > 64) out += "...";
+}
+
+class Walker {
+ public:
+  Walker(v8::Local<v8::Context> context, const ToJsonOptions& options)
+      : context_(context), isolate_(context->GetIsolate()), options_(options) {}
+
+  boost::system::result<json::value, ToJsonError> walk(v8::Local<v8::Value> value) {
+    if (value->IsUndefined()) return emit(4, json::value(nullptr));
+    return convert(value, 0);
+  }
+
+ private:
+  // A path segment: an array index, or an object key (owned by the frame that pushed it).
+  struct Segment {
+    std::uint32_t index;
+    const std::string* key;
+  };
+
+  std::string pointer() const {
+    std::string out;
+    for (const auto& segment : path_) {
+      if (segment.key != nullptr) {
+        appendPointerToken(out, *segment.key);
+      } else {
+        appendPointerToken(out, std::to_string(segment.index));
+      }
+    }
+    return out;
+  }
+
+  std::string where() const {
+    std::string at = pointer();
+    return std::string(options_.what) + (at.empty() ? "" : " at " + at);
+  }
+
+  ToJsonError invalid(const std::string& what) const {
+    return ToJsonError{ToJsonError::Kind::invalid, where() + " " + what};
+  }
+
+  ToJsonError tooLarge() const {
+    return ToJsonError{ToJsonError::Kind::tooLarge,
+                       std::string(options_.what) + " is larger than the output limit of " +
+                           std::to_string(options_.maxBytes) + " bytes of JSON"};
+  }
+
+  // A scalar of `bytes` bytes of JSON text, unless that passes the limit.
+  boost::system::result<json::value, ToJsonError> emit(std::size_t bytes, json::value value) {
+    if (!charge(bytes)) return tooLarge();
+    return value;
+  }
+
+  bool charge(std::size_t bytes) {
+    bytes_ += bytes;
+    return bytes_ <= options_.maxBytes;
+  }
+
+  bool killed() {
+    if (++visited_ % kKillCheckEvery != 0 || options_.killed == nullptr) return false;
+    return options_.killed->load() != 0;
+  }
+
+  // The description of a caught exception, for "reading /x threw ...".
+  std::string describe(v8::TryCatch& tryCatch) {
+    v8::Local<v8::Value> exception = tryCatch.Exception();
+    if (exception.IsEmpty()) return "an exception";
+    v8::TryCatch inner(isolate_);
+    v8::Local<v8::String> text;
+    if (exception->IsSymbol() || !exception->ToString(context_).ToLocal(&text)) {
+      return "a value that cannot be shown";
+    }
+    return toUtf8(isolate_, text, 512);
+  }
+
+  boost::system::result<json::value, ToJsonError> convert(v8::Local<v8::Value> value,
+                                                          std::size_t depth) {
+    if (killed()) return ToJsonError{ToJsonError::Kind::killed, "stopped"};
+    if (value->IsNull()) return emit(4, json::value(nullptr));
+    if (value->IsTrue()) return emit(4, json::value(true));
+    if (value->IsFalse()) return emit(5, json::value(false));
+    if (value->IsNumber()) return number(value.As<v8::Number>()->Value());
+    if (value->IsString()) {
+      auto text = string(value.As<v8::String>());
+      if (!text) return text.error();
+      return json::value(json::string(*text));
+    }
+    if (value->IsUndefined()) return invalid("is undefined");  // only inside objects; see walk
+    if (value->IsBigInt()) {
+      return invalid("is a BigInt, which JSON cannot carry; convert it to a string or a number");
+    }
+    if (value->IsSymbol()) return invalid("is a Symbol, which JSON cannot carry");
+    if (!value->IsObject()) return invalid("is not a JSON value");
+    if (value->IsProxy()) return invalid("is a Proxy; return plain data instead");
+    if (value->IsFunction()) return invalid("is a function, which JSON cannot carry");
+    if (auto exotic = exoticKind(value)) {
+      return invalid(std::string("is ") + exotic + ", which JSON cannot carry");
+    }
+    auto object = value.As<v8::Object>();
+    if (depth >= options_.maxDepth) {
+      return invalid("is nested deeper than " + std::to_string(options_.maxDepth) + " levels");
+    }
+    for (const auto& ancestor : ancestors_) {
+      if (ancestor == object) return invalid("refers back to an enclosing value (a cycle)");
+    }
+    ancestors_.push_back(object);
+    auto out =
+        value->IsArray() ? array(object.As<v8::Array>(), depth) : ordinaryObject(object, depth);
+    ancestors_.pop_back();
+    return out;
+  }
+
+  // Built-in objects that are not plain data. Error objects and class instances are walked as
+  // ordinary objects (their own enumerable properties), as JSON.stringify would.
+  static const char* exoticKind(v8::Local<v8::Value> value) {
+    if (value->IsDate()) return "a Date (convert it with toISOString())";
+    if (value->IsRegExp()) return "a RegExp";
+    if (value->IsMap()) return "a Map (convert it with Object.fromEntries())";
+    if (value->IsSet()) return "a Set (convert it with Array.from())";
+    if (value->IsWeakMap() || value->IsWeakSet()) return "a WeakMap or WeakSet";
+    if (value->IsPromise()) return "a Promise (await it first)";
+    if (value->IsArrayBuffer() || value->IsSharedArrayBuffer()) return "an ArrayBuffer";
+    if (value->IsArrayBufferView())
+      return "a typed array or DataView (convert it with Array.from())";
+    if (value->IsNumberObject() || value->IsStringObject() || value->IsBooleanObject() ||
+        value->IsBigIntObject() || value->IsSymbolObject()) {
+      return "a boxed primitive (new Number(), new String(), ...)";
+    }
+    if (value->IsModuleNamespaceObject()) return "a module namespace";
+    if (value->IsGeneratorObject()) return "a generator";
+    if (value->IsMapIterator() || value->IsSetIterator()) return "an iterator";
+    if (value->IsExternal()) return "a host object";
+    return nullptr;
+  }
+
+  boost::system::result<json::value, ToJsonError> number(double number) {
+    if (!std::isfinite(number)) {
+      return invalid(std::string("is ") + (std::isnan(number) ? "NaN" : "an infinite number") +
+                     ", which JSON cannot carry");
+    }
+    // Integral doubles print the same as int64 below 2^63 (JavaScript uses exponents only from
+    // 1e21), so they travel as integers; -0 becomes 0 as JSON.stringify writes it.
+    if (number == std::trunc(number) && number >= -kInt64Limit && number < kInt64Limit) {
+      auto integer = static_cast<std::int64_t>(number);
+      return emit(integerSize(integer), json::value(integer));
+    }
+    return emit(protocol::formatNumber(number).size(), json::value(number));
+  }
+
+  boost::system::result<std::string, ToJsonError> string(v8::Local<v8::String> text) {
+    // UTF-8 length is a lower bound of the JSON size: refuse before copying a huge string.
+    const auto length = static_cast<std::size_t>(text->Utf8Length(isolate_));
+    if (bytes_ + length + 2 > options_.maxBytes) return tooLarge();
+    std::string out = toUtf8(isolate_, text);
+    if (!charge(jsonStringSize(out))) return tooLarge();
+    return out;
+  }
+
+  boost::system::result<json::value, ToJsonError> array(v8::Local<v8::Array> array,
+                                                        std::size_t depth) {
+    const std::uint32_t length = array->Length();
+    if (!charge(2)) return tooLarge();
+    json::array out;
+    for (std::uint32_t index = 0; index < length; ++index) {
+      if (index > 0 && !charge(1)) return tooLarge();
+      v8::HandleScope scope(isolate_);  // a huge array must not pile up handles
+      path_.push_back(Segment{index, nullptr});
+      v8::TryCatch tryCatch(isolate_);
+      bool own = false;
+      v8::Local<v8::Value> element;
+      if (!array->HasRealIndexedProperty(context_, index).To(&own) ||
+          (own && !array->Get(context_, index).ToLocal(&element))) {
+        return threw(tryCatch);
+      }
+      if (!own || element->IsUndefined()) {  // a hole: never the prototype's element
+        if (!charge(4)) return tooLarge();
+        out.emplace_back(nullptr);
+      } else {
+        auto converted = convert(element, depth + 1);
+        if (!converted) return converted.error();
+        out.push_back(std::move(*converted));
+      }
+      path_.pop_back();
+    }
+    return json::value(std::move(out));
+  }
+
+  boost::system::result<json::value, ToJsonError> ordinaryObject(v8::Local<v8::Object> object,
+                                                                 std::size_t depth) {
+    v8::TryCatch tryCatch(isolate_);
+    v8::Local<v8::Array> keys;
+    if (!object
+             ->GetOwnPropertyNames(
+                 context_, static_cast<v8::PropertyFilter>(v8::ONLY_ENUMERABLE | v8::SKIP_SYMBOLS),
+                 v8::KeyConversionMode::kConvertToString)
+             .ToLocal(&keys)) {
+      return threw(tryCatch);
+    }
+    if (!charge(2)) return tooLarge();
+    json::object out;
+    const std::uint32_t count = keys->Length();
+    for (std::uint32_t i = 0; i < count; ++i) {
+      v8::HandleScope scope(isolate_);
+      v8::Local<v8::Value> key;
+      if (!keys->Get(context_, i).ToLocal(&key)) return threw(tryCatch);
+      if (!key->IsString()) continue;
+      std::string name = toUtf8(isolate_, key.As<v8::String>());
+      path_.push_back(Segment{0, &name});
+      bool own = false;
+      v8::Local<v8::Value> member;
+      // A getter may have deleted this key; never fall back to the prototype's value.
+      if (!object->HasRealNamedProperty(context_, key.As<v8::Name>()).To(&own)) {
+        return threw(tryCatch);
+      }
+      if (own && !object->Get(context_, key).ToLocal(&member)) return threw(tryCatch);
+      if (own && !member->IsUndefined()) {
+        if (!charge(jsonStringSize(name) + 1 + (out.empty() ? 0 : 1))) return tooLarge();
+        auto converted = convert(member, depth + 1);
+        if (!converted) return converted.error();
+        out[name] = std::move(*converted);
+      }
+      path_.pop_back();
+    }
+    return json::value(std::move(out));
+  }
+
+  ToJsonError threw(v8::TryCatch& tryCatch) {
+    if (tryCatch.HasTerminated() || (options_.killed != nullptr && options_.killed->load() != 0)) {
+      return ToJsonError{ToJsonError::Kind::killed, "stopped"};
+    }
+    return invalid("could not be read: it threw " + describe(tryCatch));
+  }
+
+  v8::Local<v8::Context> context_;
+  v8::Isolate* isolate_;
+  const ToJsonOptions& options_;
+  std::size_t bytes_ = 0;
+  std::size_t visited_ = 0;
+  std::vector<Segment> path_;
+  std::vector<v8::Local<v8::Object>> ancestors_;
+};
+
+}  // namespace
+
+boost::system::result<json::value, ToJsonError> toJson(v8::Local<v8::Context> context,
+                                                       v8::Local<v8::Value> value,
+                                                       const ToJsonOptions& options) {
+  v8::HandleScope scope(context->GetIsolate());
+  return Walker(context, options).walk(value);
+}
+
+std::size_t jsonTextSize(const json::value& value) {
+  switch (value.kind()) {
+    case json::kind::null:
+      return 4;
+    case json::kind::bool_:
+      return value.get_bool() ? 4 : 5;
+    case json::kind::int64:
+      return integerSize(value.get_int64());
+    case json::kind::uint64:
+      return std::to_string(value.get_uint64()).size();
+    case json::kind::double_:
+      return protocol::formatNumber(value.get_double()).size();
+    case json::kind::string:
+      return jsonStringSize(value.get_string());
+    case json::kind::array: {
+      const auto& array = value.get_array();
+      std::size_t size = 2 + (array.empty() ? 0 : array.size() - 1);
+      for (const auto& element : array) size += jsonTextSize(element);
+      return size;
+    }
+    case json::kind::object: {
+      const auto& object = value.get_object();
+      std::size_t size = 2 + (object.empty() ? 0 : object.size() - 1);
+      for (const auto& member : object) {
+        size += jsonStringSize(member.key()) + 1 + jsonTextSize(member.value());
+      }
+      return size;
+    }
+  }
+  return 0;
+}
+
+v8::MaybeLocal<v8::Value> fromJson(v8::Local<v8::Context> context, const json::value& value) {
+  v8::Isolate* isolate = context->GetIsolate();
+  const std::string text = protocol::writeJson(value);
+  if (text.size() > static_cast<std::size_t>(v8::String::kMaxLength)) return {};
+  v8::Local<v8::String> source;
+  if (!v8::String::NewFromUtf8(isolate, text.data(), v8::NewStringType::kNormal,
+                               static_cast<int>(text.size()))
+           .ToLocal(&source)) {
+    return {};
+  }
+  return v8::JSON::Parse(context, source);
+}
+
+std::string toUtf8(v8::Isolate* isolate, v8::Local<v8::String> text, std::size_t maxBytes) {
+  const int length = text->Utf8Length(isolate);
+  const std::size_t capacity = std::min(static_cast<std::size_t>(length), maxBytes);
+  std::string out(capacity, '\0');
+  const int written =
+      text->WriteUtf8(isolate, out.data(), static_cast<int>(capacity), nullptr,
+                      v8::String::NO_NULL_TERMINATION | v8::String::REPLACE_INVALID_UTF8);
+  out.resize(static_cast<std::size_t>(written));
+  return out;
+}
+
+v8::Local<v8::String> v8String(v8::Isolate* isolate, std::string_view text) {
+  return v8::String::NewFromUtf8(isolate, text.data(), v8::NewStringType::kNormal,
+                                 static_cast<int>(text.size()))
+      .ToLocalChecked();
+}
+
+}  // namespace toolhost::runtime

@@ -1,0 +1,60 @@
+// JSON across the sandbox boundary. Values leave JavaScript through our own walker (never
+// JSON.stringify, toJSON or anything a tool can replace): null, booleans, finite numbers,
+// strings, arrays and ordinary objects' own enumerable string-keyed properties, nothing from a
+// prototype. Values enter as JSON text parsed by V8's internal parser. Called inside a sandbox
+// segment (isolate locked and entered, context entered), on the thread running it.
+#pragma once
+
+#include <v8.h>
+
+#include <boost/json/value.hpp>
+#include <boost/system/result.hpp>
+
+#include <atomic>
+#include <cstddef>
+#include <string>
+
+namespace toolhost::runtime {
+
+struct ToJsonOptions {
+  std::size_t maxDepth = 128;
+  std::size_t maxBytes = 2 * 1024 * 1024;  // of the compact JSON text
+  // Checked every few hundred values: a kill stops a walk over a huge value promptly (the walk
+  // itself runs no JavaScript unless a getter does, so TerminateExecution alone would not).
+  const std::atomic<int>* killed = nullptr;
+  const char* what = "the result";  // names the value in errors ("the result at /a/0 is ...")
+};
+
+struct ToJsonError {
+  enum class Kind {
+    invalid,   // not JSON data; detail names the JSON pointer
+    tooLarge,  // the text would pass maxBytes
+    killed,    // the walk stopped because of a kill; the caller reports the kill
+  };
+  Kind kind;
+  std::string detail;
+};
+
+// The value as JSON, or why it cannot be. A getter that throws is an `invalid` error naming the
+// property and the exception. Top-level undefined is null; undefined array elements and holes are
+// null; properties whose value is undefined are left out (as JSON.stringify does).
+boost::system::result<boost::json::value, ToJsonError> toJson(v8::Local<v8::Context> context,
+                                                              v8::Local<v8::Value> value,
+                                                              const ToJsonOptions& options);
+
+// The size of `value`'s compact JSON text (protocol::writeJson), computed without writing it.
+std::size_t jsonTextSize(const boost::json::value& value);
+
+// `value` as a fresh JavaScript value in `context` (through JSON text). Empty if V8 refuses it
+// (a string past V8's maximum length, or the heap is exhausted).
+v8::MaybeLocal<v8::Value> fromJson(v8::Local<v8::Context> context, const boost::json::value& value);
+
+// A JavaScript string as UTF-8 (lone surrogates become U+FFFD), cut to at most `maxBytes` bytes
+// on a character boundary.
+std::string toUtf8(v8::Isolate* isolate, v8::Local<v8::String> text,
+                   std::size_t maxBytes = static_cast<std::size_t>(-1));
+
+// A JavaScript string from UTF-8.
+v8::Local<v8::String> v8String(v8::Isolate* isolate, std::string_view text);
+
+}  // namespace toolhost::runtime

@@ -1,0 +1,86 @@
+#include "runtime/limits.h"
+
+#include <algorithm>
+#include <array>
+#include <limits>
+
+namespace toolhost::runtime {
+namespace json = boost::json;
+
+namespace {
+
+struct Field {
+  const char* name;
+  std::optional<std::int64_t> CallLimits::*request;
+  std::int64_t EffectiveLimits::*effective;
+};
+
+constexpr std::array<Field, 6> kFields{{
+    {"wallMs", &CallLimits::wallMs, &EffectiveLimits::wallMs},
+    {"cpuMs", &CallLimits::cpuMs, &EffectiveLimits::cpuMs},
+    {"heapMb", &CallLimits::heapMb, &EffectiveLimits::heapMb},
+    {"arrayBufferMb", &CallLimits::arrayBufferMb, &EffectiveLimits::arrayBufferMb},
+    {"stackKb", &CallLimits::stackKb, &EffectiveLimits::stackKb},
+    {"outputBytes", &CallLimits::outputBytes, &EffectiveLimits::outputBytes},
+}};
+
+// The daemon's built-in values, for a configuration that leaves a default or cap unset.
+const RuntimeConfig kBuiltIn{};
+
+std::int64_t configured(const CallLimits& limits, const CallLimits& builtIn, const Field& field) {
+  const auto& value = limits.*field.request;
+  return value && *value > 0 ? *value : *(builtIn.*field.request);
+}
+
+// The manifest's `limits.<name>`, if it has one.
+boost::system::result<std::optional<std::int64_t>, std::string> manifestLimit(
+    const json::object& manifest, const char* name) {
+  const auto* limits = manifest.if_contains("limits");
+  if (limits == nullptr || !limits->is_object()) return std::optional<std::int64_t>();
+  const auto* value = limits->as_object().if_contains(name);
+  if (value == nullptr) return std::optional<std::int64_t>();
+  if (value->is_int64() && value->as_int64() > 0) return std::optional(value->as_int64());
+  if (value->is_uint64()) return std::optional(std::numeric_limits<std::int64_t>::max());
+  return std::string("the tool's manifest limits.") + name + " is not a positive integer";
+}
+
+}  // namespace
+
+boost::system::result<EffectiveLimits, std::string> baseLimits(const json::object& manifest,
+                                                               const RuntimeConfig& config) {
+  EffectiveLimits out;
+  for (const auto& field : kFields) {
+    auto fromManifest = manifestLimit(manifest, field.name);
+    if (!fromManifest) return fromManifest.error();
+    const std::int64_t cap = configured(config.caps, kBuiltIn.caps, field);
+    const std::int64_t base =
+        fromManifest->value_or(configured(config.defaults, kBuiltIn.defaults, field));
+    out.*field.effective = std::min(base, cap);
+  }
+  return out;
+}
+
+boost::system::result<EffectiveLimits, std::string> effectiveLimits(const json::object& manifest,
+                                                                    const CallLimits& request,
+                                                                    const RuntimeConfig& config) {
+  auto base = baseLimits(manifest, config);
+  if (!base) return base;
+  EffectiveLimits out = *base;
+  for (const auto& field : kFields) {
+    const auto& asked = request.*field.request;
+    if (!asked) continue;
+    if (*asked <= 0) {
+      return std::string("limits.") + field.name + ": " + std::to_string(*asked) +
+             " is not a positive integer";
+    }
+    if (*asked > out.*field.effective) {
+      return std::string("limits.") + field.name + ": " + std::to_string(*asked) +
+             " is looser than the tool's " + std::to_string(out.*field.effective) +
+             "; a call may only tighten a tool's limits";
+    }
+    out.*field.effective = *asked;
+  }
+  return out;
+}
+
+}  // namespace toolhost::runtime

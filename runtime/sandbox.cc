@@ -1,0 +1,560 @@
+#include "runtime/sandbox.h"
+
+#include "runtime/capabilities.h"
+#include "runtime/module_specifier.h"
+
+#include <libplatform/libplatform.h>
+#include <spdlog/spdlog.h>
+
+#include <pthread.h>
+
+#include <algorithm>
+#include <cstdint>
+
+namespace toolhost::runtime {
+namespace json = boost::json;
+
+namespace {
+
+constexpr std::uint32_t kSandboxSlot = 0;  // Isolate::GetData slot holding the Sandbox*
+constexpr const char* kSourceName = "source.js";
+constexpr std::size_t kMaxErrorText = 4096;
+constexpr std::size_t kMaxStackText = 16 * 1024;
+constexpr int kMaxPumpedTasks = 64;  // platform tasks run per drain
+// Heap limits granted after a heap kill, so that V8 never aborts the daemon while the
+// termination unwinds (see nearHeapLimit). A single V8 allocation is at most about 1 GiB.
+constexpr std::size_t kFirstKillHeadroom = std::size_t{1152} * kMiB;
+constexpr std::size_t kHeapHeadroom = 64 * kMiB;
+constexpr std::size_t kMaxHeapAfterKill = std::size_t{4096} * kMiB;
+
+v8::MaybeLocal<v8::Promise> rejectDynamicImport(v8::Local<v8::Context> context,
+                                                v8::Local<v8::Data> /*hostDefinedOptions*/,
+                                                v8::Local<v8::Value> /*resourceName*/,
+                                                v8::Local<v8::String> /*specifier*/,
+                                                v8::Local<v8::FixedArray> /*assertions*/) {
+  v8::Isolate* isolate = context->GetIsolate();
+  v8::Local<v8::Promise::Resolver> resolver;
+  if (!v8::Promise::Resolver::New(context).ToLocal(&resolver)) return {};
+  resolver
+      ->Reject(context, v8::Exception::TypeError(v8String(
+                            isolate,
+                            "import() is not available in a sandbox; use a static import of one "
+                            "of the tool's own modules")))
+      .FromMaybe(false);
+  return resolver->GetPromise();
+}
+
+bool refuseWasm(v8::Local<v8::Context>, v8::Local<v8::String>) { return false; }
+
+v8::ModifyCodeGenerationFromStringsResult refuseCodeGeneration(v8::Local<v8::Context>,
+                                                               v8::Local<v8::Value>, bool) {
+  return {};  // codegen_allowed = false
+}
+
+void onOutOfMemory(const char* location, bool isHeap) {
+  // V8 aborts right after this; the near-heap-limit callback exists so it never gets here.
+  spdlog::critical("V8 ran out of {} memory at {}: the daemon is aborting",
+                   isHeap ? "heap" : "process", location != nullptr ? location : "?");
+}
+
+}  // namespace
+
+struct Sandbox::JsScope {
+  v8::Isolate* isolate;
+  v8::Local<v8::Context> context;
+  CallState& call;
+};
+
+Sandbox::Sandbox(registry::ToolRevisionPtr tool, SandboxSettings settings, Watchdog& watchdog,
+                 v8::Platform& platform)
+    : tool_(std::move(tool)),
+      settings_(settings),
+      watchdog_(watchdog),
+      platform_(platform),
+      allocator_(std::make_shared<CountingAllocator>(
+          static_cast<std::size_t>(settings.arrayBufferMb) * kMiB)) {
+  v8::Isolate::CreateParams params;
+  params.constraints.ConfigureDefaultsFromHeapSize(
+      0, static_cast<std::size_t>(settings.heapMb) * kMiB);
+  params.array_buffer_allocator_shared = allocator_;
+  params.allow_atomics_wait = false;
+  isolate_ = v8::Isolate::New(params);
+  isolate_->SetData(kSandboxSlot, this);
+  allocator_->setRefusalHook(&Sandbox::arrayBufferRefused, this);
+  isolate_->SetMicrotasksPolicy(v8::MicrotasksPolicy::kExplicit);
+  isolate_->AddNearHeapLimitCallback(&Sandbox::nearHeapLimit, this);
+  isolate_->SetHostImportModuleDynamicallyCallback(&rejectDynamicImport);
+  isolate_->SetAllowWasmCodeGenerationCallback(&refuseWasm);
+  isolate_->SetModifyCodeGenerationFromStringsCallback(&refuseCodeGeneration);
+  isolate_->SetOOMErrorHandler(&onOutOfMemory);
+
+  v8::Locker locker(isolate_);
+  v8::Isolate::Scope isolateScope(isolate_);
+  v8::HandleScope handleScope(isolate_);
+  v8::Local<v8::Context> context = v8::Context::New(isolate_);
+  context->AllowCodeGenerationFromStrings(false);
+  v8::Context::Scope contextScope(context);
+  installGlobals(context);
+  context_.Reset(isolate_, context);
+}
+
+Sandbox::~Sandbox() {
+  {
+    v8::Locker locker(isolate_);
+    v8::Isolate::Scope isolateScope(isolate_);
+    resolvers_.clear();
+    promise_.Reset();
+    value_.Reset();
+    main_.Reset();
+    modules_.clear();
+    context_.Reset();
+  }
+  allocator_->setRefusalHook(nullptr, nullptr);
+  v8::platform::NotifyIsolateShutdown(&platform_, isolate_);
+  isolate_->Dispose();
+}
+
+Sandbox& Sandbox::from(v8::Isolate* isolate) {
+  return *static_cast<Sandbox*>(isolate->GetData(kSandboxSlot));
+}
+
+std::size_t Sandbox::nearHeapLimit(void* data, std::size_t current, std::size_t /*initial*/) {
+  // V8 offers only "raise the limit" or "abort the process" here (pitfall 1). So: terminate, and
+  // raise the limit above what the heap already holds (a large object can be admitted past the
+  // limit before any callback) by enough for the termination to unwind. The first time, the
+  // headroom also covers one maximal single allocation (V8 calls this once before its
+  // last-resort collection and aborts if the retry does not fit); a limit V8 merely reserves
+  // costs nothing until used. The sandbox is discarded after the call.
+  auto* self = static_cast<Sandbox*>(data);
+  recordKill(self->kill_, Kill::memoryLimit);
+  self->isolate_->TerminateExecution();
+  v8::HeapStatistics heap;
+  self->isolate_->GetHeapStatistics(&heap);
+  const std::size_t held = std::max(current, heap.total_heap_size());
+  const std::size_t headroom =
+      self->heapLimitRaised_ ? std::max(kHeapHeadroom, held / 2) : kFirstKillHeadroom;
+  self->heapLimitRaised_ = true;
+  const std::size_t raised = std::min(held + headroom, kMaxHeapAfterKill);
+  return std::max(raised, current + kMiB);
+}
+
+void Sandbox::arrayBufferRefused(void* data) {
+  auto* self = static_cast<Sandbox*>(data);
+  recordKill(self->kill_, Kill::arrayBufferLimit);
+  self->isolate_->TerminateExecution();
+}
+
+void Sandbox::stop(Kill reason) { recordKill(kill_, reason); }
+
+template <typename Body>
+auto Sandbox::segment(Body&& body) -> decltype(body(std::declval<JsScope&>())) {
+  CallState& call = *call_;
+  v8::Locker locker(isolate_);
+  v8::Isolate::Scope isolateScope(isolate_);
+  v8::HandleScope handleScope(isolate_);
+  v8::Local<v8::Context> context = context_.Get(isolate_);
+  v8::Context::Scope contextScope(context);
+  // The stack belongs to whichever worker runs this segment: set the limit from here.
+  const auto here = reinterpret_cast<std::uintptr_t>(__builtin_frame_address(0));
+  isolate_->SetStackLimit(here - static_cast<std::uintptr_t>(call.limits.stackKb) * 1024);
+
+  clockid_t cpuClock{};
+  if (pthread_getcpuclockid(pthread_self(), &cpuClock) != 0) cpuClock = CLOCK_THREAD_CPUTIME_ID;
+  const std::int64_t cpuStart = Watchdog::cpuNowNs(cpuClock);
+  const std::int64_t cpuLeft = call.limits.cpuMs * 1'000'000 - call.cpuUsedNs;
+  watchdog_.arm(call.epoch, {isolate_, &kill_, call.deadline, cpuClock, cpuStart + cpuLeft});
+  // A cancel that came before the arm could not reach it; it is seen here instead.
+  if (call.cancelRequested.load()) recordKill(kill_, Kill::cancelled);
+
+  JsScope js{isolate_, context, call};
+  using Result = decltype(body(js));
+  Result out = kill() == Kill::none ? body(js) : Result{};
+
+  // A large object can be admitted past the heap limit without a collection (and so without the
+  // near-heap-limit callback); the next collection would then kill whichever call comes next.
+  // Check here, so the call that went over the limit is the one that ends.
+  v8::HeapStatistics heap;
+  isolate_->GetHeapStatistics(&heap);
+  const auto heapLimit = static_cast<std::size_t>(settings_.heapMb) * kMiB;
+  if (kill() == Kill::none && heap.used_heap_size() > heapLimit) {
+    isolate_->LowMemoryNotification();  // only garbage over the limit: collect it and look again
+    isolate_->GetHeapStatistics(&heap);
+    if (heap.used_heap_size() > heapLimit) recordKill(kill_, Kill::memoryLimit);
+  }
+
+  watchdog_.disarm(call.epoch);
+  // From here no kill of this segment can arrive. One that landed after the JavaScript finished
+  // would still be pending in the isolate: clear it (the sandbox is discarded anyway).
+  if (kill() != Kill::none || isolate_->IsExecutionTerminating()) {
+    isolate_->CancelTerminateExecution();
+  }
+  call.cpuUsedNs += Watchdog::cpuNowNs(cpuClock) - cpuStart;
+  call.heapPeakBytes =
+      std::max<std::uint64_t>(call.heapPeakBytes, heap.used_heap_size() + allocator_->peak());
+  return out;
+}
+
+void Sandbox::drain(JsScope& js) {
+  for (int i = 0; i < kMaxPumpedTasks && kill() == Kill::none; ++i) {
+    if (!v8::platform::PumpMessageLoop(&platform_, js.isolate,
+                                       v8::platform::MessageLoopBehavior::kDoNotWait)) {
+      break;
+    }
+  }
+  if (kill() == Kill::none) js.isolate->PerformMicrotaskCheckpoint();
+}
+
+void Sandbox::beginCall(std::shared_ptr<CallState> call) {
+  call_ = std::move(call);
+  allocator_->resetPeak();
+}
+
+Sandbox::Step Sandbox::start(const json::object& arguments) {
+  return segment([&](JsScope& js) -> Step {
+    if (main_.IsEmpty()) {
+      if (auto error = loadModule(js)) return Step{Progress::failed, std::move(error)};
+    }
+    v8::TryCatch tryCatch(js.isolate);
+    v8::Local<v8::Value> args;
+    v8::Local<v8::Object> ctx;
+    if (!fromJson(js.context, json::value(arguments)).ToLocal(&args) ||
+        !makeCtx(js.context, js.call).ToLocal(&ctx)) {
+      return Step{Progress::failed,
+                  CallError{CallErrc::memoryLimit, "the arguments do not fit in the sandbox", {}}};
+    }
+    v8::Local<v8::Value> argv[] = {args, ctx};
+    v8::Local<v8::Value> returned;
+    if (!main_.Get(js.isolate)
+             ->Call(js.context, v8::Undefined(js.isolate), 2, argv)
+             .ToLocal(&returned)) {
+      if (tryCatch.HasTerminated()) return Step{};
+      return Step{Progress::failed,
+                  thrown(js, tryCatch.Exception(), CallErrc::toolThrew, "the tool threw")};
+    }
+    if (returned->IsPromise()) {
+      promise_.Reset(js.isolate, returned.As<v8::Promise>());
+    } else {
+      value_.Reset(js.isolate, returned);
+    }
+    drain(js);
+    return inspect(js);
+  });
+}
+
+Sandbox::Step Sandbox::resume() {
+  return segment([&](JsScope& js) -> Step {
+    while (!js.call.completions.empty() && kill() == Kill::none) {
+      CallState::Completion completion = std::move(js.call.completions.front());
+      js.call.completions.pop_front();
+      --js.call.outstandingOps;
+      v8::HandleScope scope(js.isolate);
+      v8::Local<v8::Promise::Resolver> resolver =
+          resolvers_.at(completion.resolver).Get(js.isolate);
+      resolvers_[completion.resolver].Reset();
+      if (completion.result) {
+        v8::Local<v8::Value> value;
+        if (fromJson(js.context, *completion.result).ToLocal(&value)) {
+          resolver->Resolve(js.context, value).FromMaybe(false);
+          continue;
+        }
+        completion.result =
+            HostOpFailure{"failed", "the host's answer does not fit in the sandbox"};
+      }
+      const HostOpFailure& failure = completion.result.error();
+      auto error = v8::Exception::Error(v8String(js.isolate, failure.message));
+      if (error->IsObject()) {
+        error.As<v8::Object>()
+            ->CreateDataProperty(js.context, v8String(js.isolate, "code"),
+                                 v8String(js.isolate, failure.code))
+            .FromMaybe(false);
+      }
+      resolver->Reject(js.context, error).FromMaybe(false);
+    }
+    drain(js);
+    return inspect(js);
+  });
+}
+
+Sandbox::Step Sandbox::inspect(JsScope& js) {
+  if (kill() != Kill::none) return Step{};
+  if (promise_.IsEmpty()) return Step{Progress::settled, {}};
+  v8::Local<v8::Promise> promise = promise_.Get(js.isolate);
+  switch (promise->State()) {
+    case v8::Promise::kPending:
+      return Step{Progress::pending, {}};
+    case v8::Promise::kRejected:
+      return Step{Progress::failed, thrown(js, promise->Result(), CallErrc::toolThrew,
+                                           "the tool's promise rejected")};
+    case v8::Promise::kFulfilled:
+      break;
+  }
+  return Step{Progress::settled, {}};
+}
+
+boost::system::result<json::value, CallError> Sandbox::result() {
+  return segment([&](JsScope& js) -> boost::system::result<json::value, CallError> {
+    v8::Local<v8::Value> value =
+        promise_.IsEmpty() ? value_.Get(js.isolate) : promise_.Get(js.isolate)->Result();
+    if (value.IsEmpty()) value = v8::Undefined(js.isolate);
+    ToJsonOptions options = toJsonOptions("the result");
+    options.maxBytes = static_cast<std::size_t>(js.call.limits.outputBytes);
+    auto converted = toJson(js.context, value, options);
+    if (converted) return std::move(*converted);
+    switch (converted.error().kind) {
+      case ToJsonError::Kind::tooLarge:
+        return CallError{CallErrc::outputTooLarge, converted.error().detail, {}};
+      case ToJsonError::Kind::invalid:
+        return CallError{CallErrc::invalidResult, converted.error().detail, {}};
+      case ToJsonError::Kind::killed:
+        break;
+    }
+    return CallError{CallErrc::cancelled, "stopped", {}};  // the caller reports the kill
+  });
+}
+
+void Sandbox::endCall() {
+  {
+    v8::Locker locker(isolate_);
+    v8::Isolate::Scope isolateScope(isolate_);
+    resolvers_.clear();
+    promise_.Reset();
+    value_.Reset();
+    v8::HeapStatistics heap;
+    isolate_->GetHeapStatistics(&heap);
+    heapBytes_ = heap.used_heap_size() + allocator_->used();
+  }
+  if (call_) {
+    call_->ended = true;
+    call_->completions.clear();
+    call_->wake = nullptr;
+    call_.reset();
+  }
+}
+
+bool Sandbox::startHostOp(v8::Local<v8::Promise::Resolver> resolver,
+                          std::function<HostOpResult()> work) {
+  if (!call_ || call_->ended || !call_->post) return false;
+  const std::size_t index = resolvers_.size();
+  resolvers_.emplace_back(isolate_, resolver);
+  ++call_->outstandingOps;
+  call_->post([call = call_, index, work = std::move(work)]() {
+    if (call->ended) return;  // cancelled or over: the answer has nowhere to go
+    HostOpResult result = HostOpFailure{"failed", "the host failed"};
+    try {
+      result = work();
+    } catch (const std::exception& e) {
+      spdlog::error("runtime: host operation of {} threw: {}", call->tool->name, e.what());
+    }
+    if (call->ended) return;
+    call->completions.push_back(CallState::Completion{index, std::move(result)});
+    if (call->wake) call->wake();
+  });
+  return true;
+}
+
+void Sandbox::appendLog(std::string_view level, std::string_view text) {
+  if (!call_ || call_->logsTruncated) return;
+  CallState& call = *call_;
+  std::string line = "[" + std::string(level) + "] " + std::string(text) + "\n";
+  if (call.logs.size() + line.size() > call.maxLogBytes) {
+    call.logs += "[truncated] console output past " + std::to_string(call.maxLogBytes) +
+                 " bytes was dropped\n";
+    call.logsTruncated = true;
+    return;
+  }
+  call.logs += line;
+}
+
+ToJsonOptions Sandbox::toJsonOptions(const char* what) const {
+  ToJsonOptions options;
+  options.maxDepth = call_ ? call_->maxResultDepth : 128;
+  options.maxBytes = call_ ? static_cast<std::size_t>(call_->limits.outputBytes) : 2 * kMiB;
+  options.killed = &kill_;
+  options.what = what;
+  return options;
+}
+
+// --- Modules ---
+
+v8::MaybeLocal<v8::Module> Sandbox::compileModule(JsScope& js, const std::string& name,
+                                                  const std::string& source) {
+  v8::ScriptOrigin origin(js.isolate, v8String(js.isolate, name), 0, 0, false, -1,
+                          v8::Local<v8::Value>(), false, false, /*is_module=*/true);
+  v8::ScriptCompiler::Source compilerSource(v8String(js.isolate, source), origin);
+  v8::Local<v8::Module> module;
+  if (!v8::ScriptCompiler::CompileModule(js.isolate, &compilerSource).ToLocal(&module)) return {};
+  modules_.push_back(LoadedModule{name, v8::Global<v8::Module>(js.isolate, module)});
+  return module;
+}
+
+v8::MaybeLocal<v8::Module> Sandbox::resolveModule(v8::Local<v8::Context> context,
+                                                  v8::Local<v8::String> specifier,
+                                                  v8::Local<v8::FixedArray> /*assertions*/,
+                                                  v8::Local<v8::Module> referrer) {
+  v8::Isolate* isolate = context->GetIsolate();
+  Sandbox& self = from(isolate);
+  // Every module was compiled (and every specifier checked) before instantiation.
+  for (const auto& importer : self.modules_) {
+    if (importer.module != referrer) continue;
+    auto name = resolveModuleSpecifier(importer.name, toUtf8(isolate, specifier));
+    for (const auto& candidate : self.modules_) {
+      if (name && candidate.name == *name) return candidate.module.Get(isolate);
+    }
+  }
+  isolate->ThrowException(v8::Exception::SyntaxError(v8String(isolate, "unresolved import")));
+  return {};
+}
+
+CallError Sandbox::compileError(JsScope& js, v8::TryCatch& tryCatch, const std::string& what) {
+  if (tryCatch.HasTerminated()) return CallError{CallErrc::cancelled, "stopped", {}};
+  CallError error = thrown(js, tryCatch.Exception(), CallErrc::invalidModule, what);
+  v8::Local<v8::Message> message = tryCatch.Message();
+  if (!message.IsEmpty()) {
+    const int line = message->GetLineNumber(js.context).FromMaybe(0);
+    std::string resource = "?";
+    if (message->GetScriptResourceName()->IsString()) {
+      resource = toUtf8(js.isolate, message->GetScriptResourceName().As<v8::String>(), 256);
+    }
+    error.detail += " (" + resource + ":" + std::to_string(line) + ")";
+  }
+  return error;
+}
+
+std::optional<CallError> Sandbox::loadModule(JsScope& js) {
+  auto invalid = [](std::string detail) {
+    return CallError{CallErrc::invalidModule, std::move(detail), {}};
+  };
+  const json::object& execution = tool_->manifest.at("execution").as_object();
+  const json::string& source = execution.at("source").as_string();
+  const json::object* modules = nullptr;
+  if (const auto* found = execution.if_contains("modules");
+      found != nullptr && found->is_object()) {
+    modules = &found->as_object();
+  }
+
+  v8::TryCatch tryCatch(js.isolate);
+  modules_.clear();
+  v8::Local<v8::Module> root;
+  if (!compileModule(js, kSourceName, std::string(source)).ToLocal(&root)) {
+    return compileError(js, tryCatch, "the tool's source does not compile");
+  }
+  // Compile everything reachable first, so an unknown specifier is named before instantiation.
+  for (std::size_t i = 0; i < modules_.size(); ++i) {
+    v8::HandleScope scope(js.isolate);
+    const std::string importer = modules_[i].name;
+    v8::Local<v8::FixedArray> requests = modules_[i].module.Get(js.isolate)->GetModuleRequests();
+    for (int r = 0; r < requests->Length(); ++r) {
+      auto request = requests->Get(js.context, r).As<v8::ModuleRequest>();
+      const std::string specifier = toUtf8(js.isolate, request->GetSpecifier(), 512);
+      auto name = resolveModuleSpecifier(importer, specifier);
+      const json::value* text = name && modules != nullptr ? modules->if_contains(*name) : nullptr;
+      if (text == nullptr || !text->is_string()) {
+        std::string known;
+        if (modules != nullptr) {
+          for (const auto& [moduleName, unused] : *modules) {
+            if (known.size() > 200) {
+              known += ", ...";
+              break;
+            }
+            known += (known.empty() ? "" : ", ") + std::string(moduleName);
+          }
+        }
+        return invalid(importer + " imports \"" + specifier +
+                       "\", which is not one of this revision's modules (" +
+                       (known.empty() ? "it has none" : known) +
+                       "); a tool can import only its own execution.modules");
+      }
+      const bool compiled = std::any_of(modules_.begin(), modules_.end(),
+                                        [&](const LoadedModule& m) { return m.name == *name; });
+      if (!compiled) {
+        v8::Local<v8::Module> unused;
+        if (!compileModule(js, *name, std::string(text->as_string())).ToLocal(&unused)) {
+          return compileError(js, tryCatch, "module " + *name + " does not compile");
+        }
+      }
+    }
+  }
+  if (!root->InstantiateModule(js.context, &Sandbox::resolveModule).FromMaybe(false)) {
+    return compileError(js, tryCatch, "the tool's modules cannot be linked");
+  }
+  v8::Local<v8::Value> evaluated;
+  if (!root->Evaluate(js.context).ToLocal(&evaluated)) {
+    return compileError(js, tryCatch, "the module threw while it was evaluated");
+  }
+  drain(js);
+  if (kill() != Kill::none) return CallError{CallErrc::cancelled, "stopped", {}};
+  if (evaluated->IsPromise()) {
+    auto promise = evaluated.As<v8::Promise>();
+    if (promise->State() == v8::Promise::kRejected) {
+      return thrown(js, promise->Result(), CallErrc::invalidModule,
+                    "the module threw while it was evaluated");
+    }
+    if (promise->State() == v8::Promise::kPending) {
+      return invalid("the module's top-level await never settles");
+    }
+  }
+  v8::Local<v8::Value> exported;
+  if (!root->GetModuleNamespace()
+           .As<v8::Object>()
+           ->Get(js.context, v8String(js.isolate, "default"))
+           .ToLocal(&exported)) {
+    return compileError(js, tryCatch, "the module's default export cannot be read");
+  }
+  if (!exported->IsFunction()) {
+    v8::Local<v8::String> type = exported->TypeOf(js.isolate);
+    return invalid(
+        "the module's default export is not a function (it is " +
+        (exported->IsUndefined() ? std::string("missing") : "a " + toUtf8(js.isolate, type)) +
+        "); write `export default async (args, ctx) => result`");
+  }
+  main_.Reset(js.isolate, exported.As<v8::Function>());
+  modules_.clear();  // the module graph lives on through the default export
+  return std::nullopt;
+}
+
+// --- Errors ---
+
+CallError Sandbox::thrown(JsScope& js, v8::Local<v8::Value> exception, CallErrc code,
+                          const std::string& what) {
+  v8::TryCatch tryCatch(js.isolate);  // a throwing getter on the error must not escape
+  std::string name, message, stack, errorCode;
+  bool haveMessage = false;
+  if (!exception.IsEmpty() && exception->IsObject() && !exception->IsProxy()) {
+    auto object = exception.As<v8::Object>();
+    auto field = [&](const char* key, std::size_t max, std::string& out) {
+      v8::Local<v8::Value> value;
+      if (kill() == Kill::none &&
+          object->Get(js.context, v8String(js.isolate, key)).ToLocal(&value) && value->IsString()) {
+        out = toUtf8(js.isolate, value.As<v8::String>(), max);
+        return true;
+      }
+      return false;
+    };
+    field("name", 256, name);
+    haveMessage = field("message", kMaxErrorText, message);
+    field("stack", kMaxStackText, stack);
+    field("code", 256, errorCode);
+  }
+  if (!haveMessage && !exception.IsEmpty() && kill() == Kill::none) {
+    v8::Local<v8::String> text;
+    if (!exception->IsSymbol() && exception->ToString(js.context).ToLocal(&text)) {
+      message = toUtf8(js.isolate, text, kMaxErrorText);
+    } else {
+      message = "a value that cannot be shown";
+    }
+  }
+  json::object toolError{{"name", name}, {"message", message}, {"stack", stack}};
+  if (!errorCode.empty()) toolError["code"] = errorCode;
+  if (!exception.IsEmpty() && exception->IsNativeError() && name == "RangeError" &&
+      message == "Maximum call stack size exceeded") {
+    return CallError{CallErrc::stackLimit,
+                     "the tool overflowed its stack limit of " +
+                         std::to_string(js.call.limits.stackKb) +
+                         " KiB (Maximum call stack size exceeded)",
+                     std::move(toolError)};
+  }
+  return CallError{code, what + ": " + (name.empty() ? "" : name + ": ") + message,
+                   std::move(toolError)};
+}
+
+}  // namespace toolhost::runtime

@@ -1,0 +1,177 @@
+// One sandbox: an isolate, its context and the tool's evaluated module, kept across the calls of
+// one revision. Not thread-safe: used from one strand (one thread at a time, maybe a different
+// worker each time). Every entry into the isolate is a segment that takes v8::Locker +
+// Isolate::Scope + HandleScope + Context::Scope, sets the stack limit for the current thread and
+// arms the watchdog; between segments only v8::Global members remain, so the strand may suspend.
+#pragma once
+
+#include "registry/registry.h"
+#include "runtime/call_outcome.h"
+#include "runtime/capability_host.h"
+#include "runtime/counting_allocator.h"
+#include "runtime/json_bridge.h"
+#include "runtime/limits.h"
+#include "runtime/watchdog.h"
+
+#include <v8.h>
+
+#include <boost/json/object.hpp>
+#include <boost/json/value.hpp>
+#include <boost/system/result.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace toolhost::runtime {
+
+// How a host operation a tool started ended (ctx.resolveInvocation today; fetch later). It is
+// settled into the tool's promise in the call's next segment.
+struct HostOpFailure {
+  std::string code;  // becomes the Error's `code` ("not-found", "failed", ...)
+  std::string message;
+};
+using HostOpResult = boost::system::result<boost::json::value, HostOpFailure>;
+
+// One call as the sandbox sees it. Created by the pool, shared with host operations in flight
+// and with cancellation. Fields are used on the sandbox's strand unless marked otherwise.
+struct CallState {
+  std::uint64_t epoch = 0;  // unique for the pool's lifetime; keys the watchdog and ctx
+  registry::ToolRevisionPtr tool;
+  EffectiveLimits limits;
+  boost::json::object invocation;
+  CapabilityHost* host = nullptr;
+  std::size_t maxResultDepth = 128;
+  std::size_t maxLogBytes = 64 * 1024;
+  std::chrono::steady_clock::time_point deadline;  // set when the sandbox is acquired
+
+  std::atomic<bool> cancelRequested{false};  // any thread
+
+  std::int64_t cpuUsedNs = 0;
+  std::uint64_t heapPeakBytes = 0;
+  std::string logs;
+  bool logsTruncated = false;
+
+  // Host operations. The call ends (and refuses new ones) only when none is outstanding or it is
+  // cancelled; completions arrive on the strand and are settled in the next segment.
+  bool ended = false;
+  std::size_t outstandingOps = 0;
+  struct Completion {
+    std::size_t resolver;  // index into the sandbox's resolvers of this call
+    HostOpResult result;
+  };
+  std::deque<Completion> completions;
+  std::function<void(std::function<void()>)> post;  // runs a function on the sandbox's strand
+  std::function<void()> wake;                       // wakes the call's wait; strand only
+};
+
+struct SandboxSettings {
+  std::int64_t heapMb = 64;
+  std::int64_t arrayBufferMb = 64;
+};
+
+class Sandbox {
+ public:
+  enum class Progress { settled, pending, failed };
+  struct Step {
+    Progress progress = Progress::failed;
+    std::optional<CallError> error;  // with Progress::failed
+  };
+
+  // Creates the isolate and context (no tool code runs yet). `watchdog` and `platform` outlive it.
+  Sandbox(registry::ToolRevisionPtr tool, SandboxSettings settings, Watchdog& watchdog,
+          v8::Platform& platform);
+  // Disposes the isolate. No call may be active.
+  ~Sandbox();
+  Sandbox(const Sandbox&) = delete;
+  Sandbox& operator=(const Sandbox&) = delete;
+
+  // One call: beginCall, start, then resume while it is pending or has host operations
+  // outstanding, then result (if settled), then always endCall.
+  void beginCall(std::shared_ptr<CallState> call);
+  // Evaluates the module on the first call, then invokes the default export with the arguments
+  // and a fresh ctx, and drains microtasks.
+  Step start(const boost::json::object& arguments);
+  // Settles completed host operations into their promises and drains microtasks.
+  Step resume();
+  // The settled value as JSON (getters run here, inside the call's limits).
+  boost::system::result<boost::json::value, CallError> result();
+  // Ends the call: ctx functions reject from now on, no host operation can start, per-call
+  // handles are released, and the heap is measured.
+  void endCall();
+
+  // Why JavaScript was stopped, if it was. Sticky: a killed sandbox must be discarded.
+  Kill kill() const { return static_cast<Kill>(kill_.load()); }
+  // Records a stop decided outside JavaScript (a cancel or timeout between segments).
+  void stop(Kill reason);
+  // Heap in use plus ArrayBuffer bytes, measured at the end of the last call.
+  std::uint64_t heapBytes() const { return heapBytes_; }
+  const SandboxSettings& settings() const { return settings_; }
+  const registry::ToolRevision& tool() const { return *tool_; }
+
+  // --- For the capability callbacks (capabilities.cc), inside a segment. ---
+  static Sandbox& from(v8::Isolate* isolate);
+  // The running call, or nullptr.
+  CallState* currentCall() { return call_.get(); }
+  // Starts a host operation settling `resolver`: `work` runs on the strand outside the isolate,
+  // its result is settled in a later segment. False (and nothing started) once the call ended.
+  bool startHostOp(v8::Local<v8::Promise::Resolver> resolver, std::function<HostOpResult()> work);
+  void appendLog(std::string_view level, std::string_view text);
+  ToJsonOptions toJsonOptions(const char* what) const;
+
+ private:
+  struct JsScope;
+
+  template <typename Body>
+  auto segment(Body&& body) -> decltype(body(std::declval<JsScope&>()));
+
+  std::optional<CallError> loadModule(JsScope& js);
+  v8::MaybeLocal<v8::Module> compileModule(JsScope& js, const std::string& name,
+                                           const std::string& source);
+  static v8::MaybeLocal<v8::Module> resolveModule(v8::Local<v8::Context> context,
+                                                  v8::Local<v8::String> specifier,
+                                                  v8::Local<v8::FixedArray> assertions,
+                                                  v8::Local<v8::Module> referrer);
+  Step inspect(JsScope& js);
+  CallError thrown(JsScope& js, v8::Local<v8::Value> exception, CallErrc code,
+                   const std::string& what);
+  CallError compileError(JsScope& js, v8::TryCatch& tryCatch, const std::string& what);
+  void drain(JsScope& js);
+
+  static std::size_t nearHeapLimit(void* data, std::size_t current, std::size_t initial);
+  static void arrayBufferRefused(void* data);
+
+  registry::ToolRevisionPtr tool_;
+  SandboxSettings settings_;
+  Watchdog& watchdog_;
+  v8::Platform& platform_;
+  std::shared_ptr<CountingAllocator> allocator_;
+  v8::Isolate* isolate_ = nullptr;
+  std::atomic<int> kill_{0};
+  bool heapLimitRaised_ = false;  // by nearHeapLimit, on the isolate's thread
+  std::uint64_t heapBytes_ = 0;
+
+  v8::Global<v8::Context> context_;
+  v8::Global<v8::Function> main_;  // the default export, once the module evaluated
+
+  // While loading the module: every compiled module with its name, for resolveModule.
+  struct LoadedModule {
+    std::string name;
+    v8::Global<v8::Module> module;
+  };
+  std::vector<LoadedModule> modules_;
+
+  // The running call and its JavaScript-side state.
+  std::shared_ptr<CallState> call_;
+  v8::Global<v8::Promise> promise_;  // what the default export returned, if a promise
+  v8::Global<v8::Value> value_;      // what it returned otherwise
+  std::vector<v8::Global<v8::Promise::Resolver>> resolvers_;
+};
+
+}  // namespace toolhost::runtime

@@ -1,0 +1,695 @@
+#include "runtime/sandbox_pool.h"
+
+#include "runtime/sandbox.h"
+#include "runtime/v8_platform.h"
+#include "runtime/watchdog.h"
+#include "runtime/worker_threads.h"
+
+#include <spdlog/spdlog.h>
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/associated_cancellation_slot.hpp>
+#include <boost/asio/associated_executor.hpp>
+#include <boost/asio/async_result.hpp>
+#include <boost/asio/cancellation_signal.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/strand.hpp>
+#include <boost/asio/this_coro.hpp>
+#include <boost/asio/use_awaitable.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <set>
+#include <stdexcept>
+#include <variant>
+
+namespace toolhost::runtime {
+namespace asio = boost::asio;
+namespace json = boost::json;
+
+std::string_view callErrcName(CallErrc code) {
+  switch (code) {
+    case CallErrc::timeout:
+      return "timeout";
+    case CallErrc::cpuLimit:
+      return "cpu-limit";
+    case CallErrc::memoryLimit:
+      return "memory-limit";
+    case CallErrc::arrayBufferLimit:
+      return "array-buffer-limit";
+    case CallErrc::stackLimit:
+      return "stack-limit";
+    case CallErrc::outputTooLarge:
+      return "output-too-large";
+    case CallErrc::toolThrew:
+      return "tool-threw";
+    case CallErrc::invalidResult:
+      return "invalid-result";
+    case CallErrc::invalidModule:
+      return "invalid-module";
+    case CallErrc::invalidLimits:
+      return "invalid-limits";
+    case CallErrc::cancelled:
+      return "cancelled";
+    case CallErrc::overloaded:
+      return "overloaded";
+    case CallErrc::notRunnable:
+      return "not-runnable";
+  }
+  return "unknown";
+}
+
+namespace {
+
+struct CallJob;
+using Clock = std::chrono::steady_clock;
+using Strand = asio::strand<asio::io_context::executor_type>;
+
+std::int64_t millisSince(Clock::time_point start) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count();
+}
+
+// A call waiting for a busy sandbox (the FIFO lock of its strand). Strand only.
+struct Waiter {
+  explicit Waiter(const Strand& strand) : timer(strand, Clock::time_point::max()) {}
+  asio::steady_timer timer;  // cancelled to wake the waiter
+  bool granted = false;
+  bool cancelled = false;
+};
+
+// One sandbox's place in the pool: its strand, FIFO lock and bookkeeping.
+struct Slot {
+  Slot(Strand strand_, std::string revision_, std::string name_, SandboxSettings settings_,
+       bool retained_)
+      : strand(std::move(strand_)),
+        revision(std::move(revision_)),
+        name(std::move(name_)),
+        settings(settings_),
+        retained(retained_) {}
+
+  const Strand strand;
+  const std::string revision;
+  const std::string name;
+  const SandboxSettings settings;  // what its sandbox is built with
+
+  // On the strand.
+  bool locked = false;
+  std::deque<std::shared_ptr<Waiter>> waiters;
+  std::unique_ptr<Sandbox> sandbox;
+
+  // Under the pool's mutex.
+  bool retained;            // in the pool's map
+  std::size_t pending = 0;  // calls holding the slot, queued or running
+  bool hasSandbox = false;  // as of the end of the last call
+  std::uint64_t calls = 0;
+  std::uint64_t heapBytes = 0;
+  Clock::time_point lastUsed = Clock::now();
+  std::weak_ptr<CallJob> running;
+};
+
+// Releases the slot's FIFO lock to the next live waiter when the call leaves. Strand only.
+class SlotLock {
+ public:
+  explicit SlotLock(Slot& slot) : slot_(slot) {}
+  ~SlotLock() {
+    while (!slot_.waiters.empty()) {
+      auto next = std::move(slot_.waiters.front());
+      slot_.waiters.pop_front();
+      if (next->cancelled) continue;
+      next->granted = true;
+      next->timer.cancel();
+      return;
+    }
+    slot_.locked = false;
+  }
+  SlotLock(const SlotLock&) = delete;
+  SlotLock& operator=(const SlotLock&) = delete;
+
+ private:
+  Slot& slot_;
+};
+
+// One admitted call. Shared by the caller's cancellation slot, the coroutine on the sandbox's
+// strand and the pool (for shutdown).
+struct CallJob : std::enable_shared_from_this<CallJob> {
+  registry::ToolRevisionPtr tool;
+  json::object arguments;
+  bool disposable = false;
+  std::shared_ptr<Slot> slot;
+  std::shared_ptr<CallState> call;
+  Watchdog* watchdog = nullptr;
+
+  // On the strand.
+  std::shared_ptr<Waiter> waiter;
+  bool sandboxKept = false;
+  bool ran = false;
+  std::uint64_t heapBytes = 0;
+
+  // Delivers the outcome to the awaiting coroutine; set once by the initiation.
+  std::function<void(std::exception_ptr, CallOutcome)> deliver;
+
+  mutable std::mutex mutex;
+  bool done = false;          // under mutex
+  std::string cancelDetail_;  // under mutex
+
+  std::string cancelDetail() const {
+    std::lock_guard lock(mutex);
+    return cancelDetail_;
+  }
+
+  // Any thread. Ends the call promptly: a running segment is terminated through the watchdog, a
+  // wait (for the sandbox or for host operations) is woken on the strand.
+  void cancel(std::string detail) {
+    {
+      std::lock_guard lock(mutex);
+      if (done || call->cancelRequested.load()) return;
+      cancelDetail_ = std::move(detail);
+      call->cancelRequested.store(true);
+    }
+    watchdog->kill(call->epoch, Kill::cancelled);
+    asio::post(slot->strand, [self = shared_from_this()] {
+      if (auto queued = self->waiter; queued && !queued->granted && !queued->cancelled) {
+        queued->cancelled = true;
+        auto& waiters = self->slot->waiters;
+        waiters.erase(std::remove(waiters.begin(), waiters.end(), queued), waiters.end());
+        queued->timer.cancel();
+      }
+      if (self->call->wake) self->call->wake();
+    });
+  }
+};
+
+}  // namespace
+
+struct SandboxPool::Impl {
+  Impl(RuntimeConfig config_, CapabilityHost& host_, v8::Platform& platform_)
+      : config(std::move(config_)),
+        host(host_),
+        platform(platform_),
+        work(asio::make_work_guard(io)),
+        workers(config.workerStackMb * kMiB, [this] { runWorker(); }) {}
+
+  RuntimeConfig config;
+  CapabilityHost& host;
+  v8::Platform& platform;
+  Watchdog watchdog;  // outlives every sandbox (declared before the slots)
+  asio::io_context io;
+  asio::executor_work_guard<asio::io_context::executor_type> work;
+
+  mutable std::mutex mutex;
+  std::map<std::string, std::shared_ptr<Slot>> retained;  // by revision
+  std::set<std::shared_ptr<CallJob>> jobs;
+  bool stopping = false;
+  std::atomic<std::uint64_t> nextEpoch{1};
+
+  WorkerThreads workers;  // last: joined first
+
+  void runWorker() {
+    while (true) {
+      try {
+        io.run();
+        return;
+      } catch (const std::exception& e) {
+        spdlog::error("runtime: a V8 worker caught an exception: {}", e.what());
+      }
+    }
+  }
+
+  static CallOutcome failed(const registry::ToolRevisionPtr& tool, CallErrc code,
+                            std::string detail) {
+    CallOutcome outcome;
+    outcome.revision = tool ? tool->revision : "";
+    outcome.result = CallError{code, std::move(detail), {}};
+    return outcome;
+  }
+
+  std::variant<CallOutcome, std::shared_ptr<CallJob>> admit(registry::ToolRevisionPtr tool,
+                                                            const json::object& arguments,
+                                                            CallOptions options);
+  asio::awaitable<bool> acquire(std::shared_ptr<CallJob> job);
+  asio::awaitable<CallOutcome> run(std::shared_ptr<CallJob> job);
+  void finish(const std::shared_ptr<CallJob>& job, std::exception_ptr error, CallOutcome outcome);
+  void evictLocked();
+  void disposeLocked(const std::shared_ptr<Slot>& slot);
+  CallError killError(Kill kill, const CallJob& job) const;
+
+  template <typename Token>
+  auto asyncCall(std::shared_ptr<CallJob> admitted, Token&& token) {
+    return asio::async_initiate<Token, void(std::exception_ptr, CallOutcome)>(
+        [this](auto handler, std::shared_ptr<CallJob> job) {
+          using Handler = decltype(handler);
+          auto cancellation = asio::get_associated_cancellation_slot(handler);
+          auto executor = asio::get_associated_executor(handler, io.get_executor());
+          auto tracked = asio::prefer(executor, asio::execution::outstanding_work.tracked);
+          if (cancellation.is_connected()) {
+            cancellation.assign([job](asio::cancellation_type type) {
+              if ((type & asio::cancellation_type::terminal) != asio::cancellation_type::none) {
+                job->cancel("the caller cancelled the call");
+              }
+            });
+          }
+          auto shared = std::make_shared<Handler>(std::move(handler));
+          job->deliver = [shared, tracked, cancellation](std::exception_ptr error,
+                                                         CallOutcome outcome) mutable {
+            asio::post(tracked,
+                       [shared, cancellation, error, outcome = std::move(outcome)]() mutable {
+                         if (cancellation.is_connected()) cancellation.clear();
+                         (*shared)(error, std::move(outcome));
+                       });
+          };
+          asio::co_spawn(job->slot->strand, run(job),
+                         [this, job](std::exception_ptr error, CallOutcome outcome) {
+                           finish(job, error, std::move(outcome));
+                         });
+        },
+        token, std::move(admitted));
+  }
+};
+
+SandboxPool::SandboxPool(RuntimeConfig config, CapabilityHost& host) {
+  v8::Platform* platform = V8Platform::current();
+  if (platform == nullptr) throw std::logic_error("SandboxPool needs a live V8Platform");
+  if (config.workers == 0) throw std::invalid_argument("[runtime] workers must be at least 1");
+  const std::int64_t stackCap = config.caps.stackKb.value_or(4096);
+  if (static_cast<std::int64_t>(config.workerStackMb) * 1024 < stackCap + 1024) {
+    throw std::invalid_argument(
+        "[runtime] the worker stack must exceed the largest stack limit by at least 1 MiB");
+  }
+  impl_ = std::make_unique<Impl>(std::move(config), host, *platform);
+  try {
+    for (unsigned i = 0; i < impl_->config.workers; ++i) impl_->workers.add();
+  } catch (...) {
+    impl_->work.reset();
+    impl_->workers.join();
+    throw;
+  }
+}
+
+SandboxPool::~SandboxPool() {
+  std::vector<std::shared_ptr<CallJob>> live;
+  {
+    std::lock_guard lock(impl_->mutex);
+    impl_->stopping = true;
+    live.assign(impl_->jobs.begin(), impl_->jobs.end());
+  }
+  for (const auto& job : live) job->cancel("the runtime is shutting down");
+  live.clear();
+  impl_->work.reset();
+  impl_->workers.join();
+  // The workers are gone: what is left is disposed on this thread.
+  std::lock_guard lock(impl_->mutex);
+  for (auto& [revision, slot] : impl_->retained) slot->sandbox.reset();
+  impl_->retained.clear();
+}
+
+const RuntimeConfig& SandboxPool::config() const { return impl_->config; }
+
+asio::awaitable<CallOutcome> SandboxPool::call(registry::ToolRevisionPtr tool,
+                                               const json::object& arguments, CallOptions options) {
+  // Already cancelled: the co_await below would throw; answer like any other cancelled call.
+  // (Nothing suspends between this check and that co_await, so no cancel can slip in between.)
+  auto state = co_await asio::this_coro::cancellation_state;
+  if (state.cancelled() != asio::cancellation_type::none) {
+    co_return Impl::failed(tool, CallErrc::cancelled, "the caller cancelled the call");
+  }
+  // `arguments` is copied here, before the first suspension.
+  auto admitted = impl_->admit(std::move(tool), arguments, std::move(options));
+  if (auto* outcome = std::get_if<CallOutcome>(&admitted)) co_return std::move(*outcome);
+  co_return co_await impl_->asyncCall(std::get<std::shared_ptr<CallJob>>(std::move(admitted)),
+                                      asio::use_awaitable);
+}
+
+std::variant<CallOutcome, std::shared_ptr<CallJob>> SandboxPool::Impl::admit(
+    registry::ToolRevisionPtr tool, const json::object& arguments, CallOptions options) {
+  if (!tool) throw std::invalid_argument("SandboxPool::call without a tool revision");
+  const json::object& manifest = tool->manifest;
+  const auto* execution = manifest.if_contains("execution");
+  const json::value* source = nullptr;
+  bool javascript = false;
+  if (execution != nullptr && execution->is_object()) {
+    source = execution->as_object().if_contains("source");
+    const auto* runtimeName = execution->as_object().if_contains("runtime");
+    javascript = runtimeName != nullptr && runtimeName->is_string() &&
+                 runtimeName->as_string() == "javascript";
+  }
+  if (tool->executionClass != registry::ExecutionClass::sandboxedCode || !javascript ||
+      source == nullptr || !source->is_string() || source->as_string().empty()) {
+    return failed(
+        tool, CallErrc::notRunnable,
+        "tool " + tool->name + " is not sandboxed JavaScript; the V8 runtime cannot run it");
+  }
+  auto base = baseLimits(manifest, config);
+  if (!base) return failed(tool, CallErrc::invalidLimits, base.error());
+  auto limits = effectiveLimits(manifest, options.limits, config);
+  if (!limits) return failed(tool, CallErrc::invalidLimits, limits.error());
+
+  auto job = std::make_shared<CallJob>();
+  job->tool = tool;
+  job->arguments = arguments;
+  job->watchdog = &watchdog;
+  job->call = std::make_shared<CallState>();
+  CallState& call = *job->call;
+  call.epoch = nextEpoch.fetch_add(1);
+  call.tool = tool;
+  call.limits = *limits;
+  call.invocation = std::move(options.invocation);
+  call.host = &host;
+  call.maxResultDepth = config.maxResultDepth;
+  call.maxLogBytes = config.maxLogBytes;
+  // A tighter heap or ArrayBuffer limit than the retained sandbox was built with cannot be
+  // applied to it: such a call gets a sandbox of its own.
+  job->disposable = options.mode == CallOptions::Mode::disposable ||
+                    limits->heapMb < base->heapMb || limits->arrayBufferMb < base->arrayBufferMb;
+
+  std::lock_guard lock(mutex);
+  if (stopping) return failed(tool, CallErrc::cancelled, "the runtime is shutting down");
+  if (jobs.size() >= config.maxQueuedTotal) {
+    return failed(tool, CallErrc::overloaded,
+                  "the runtime already has " + std::to_string(jobs.size()) +
+                      " calls running or waiting; try again later");
+  }
+  if (job->disposable) {
+    job->slot =
+        std::make_shared<Slot>(asio::make_strand(io), tool->revision, tool->name,
+                               SandboxSettings{limits->heapMb, limits->arrayBufferMb}, false);
+  } else {
+    auto& slot = retained[tool->revision];
+    if (!slot) {
+      slot = std::make_shared<Slot>(asio::make_strand(io), tool->revision, tool->name,
+                                    SandboxSettings{base->heapMb, base->arrayBufferMb}, true);
+    } else if (slot->pending >= config.maxQueuedPerSandbox) {
+      return failed(tool, CallErrc::overloaded,
+                    "the sandbox of " + tool->name + " already has " +
+                        std::to_string(slot->pending) + " calls running or waiting");
+    }
+    job->slot = slot;
+  }
+  ++job->slot->pending;
+  jobs.insert(job);
+  evictLocked();
+  return job;
+}
+
+asio::awaitable<bool> SandboxPool::Impl::acquire(std::shared_ptr<CallJob> job) {
+  Slot& slot = *job->slot;
+  if (job->call->cancelRequested.load()) co_return false;
+  if (!slot.locked) {
+    slot.locked = true;
+    co_return true;
+  }
+  auto waiter = std::make_shared<Waiter>(slot.strand);
+  slot.waiters.push_back(waiter);
+  job->waiter = waiter;
+  co_await waiter->timer.async_wait(asio::as_tuple(asio::use_awaitable));
+  job->waiter.reset();
+  co_return waiter->granted;  // granted: the lock is ours even if a cancel came meanwhile
+}
+
+CallError SandboxPool::Impl::killError(Kill kill, const CallJob& job) const {
+  const EffectiveLimits& limits = job.call->limits;
+  switch (kill) {
+    case Kill::timeout:
+      return {CallErrc::timeout,
+              "the call exceeded its wall-clock limit of " + std::to_string(limits.wallMs) + " ms",
+              {}};
+    case Kill::cpuLimit:
+      return {
+          CallErrc::cpuLimit,
+          "the call used more than its CPU time limit of " + std::to_string(limits.cpuMs) + " ms",
+          {}};
+    case Kill::memoryLimit:
+      return {CallErrc::memoryLimit,
+              "the tool exhausted its heap limit of " + std::to_string(job.slot->settings.heapMb) +
+                  " MiB",
+              {}};
+    case Kill::arrayBufferLimit:
+      return {CallErrc::arrayBufferLimit,
+              "the tool tried to allocate more than its ArrayBuffer limit of " +
+                  std::to_string(job.slot->settings.arrayBufferMb) + " MiB",
+              {}};
+    case Kill::cancelled:
+    case Kill::none:
+      break;
+  }
+  std::string detail = job.cancelDetail();
+  return {CallErrc::cancelled, detail.empty() ? "the call was stopped" : detail, {}};
+}
+
+asio::awaitable<CallOutcome> SandboxPool::Impl::run(std::shared_ptr<CallJob> job) {
+  Slot& slot = *job->slot;
+  CallState& call = *job->call;
+  CallOutcome outcome;
+  outcome.revision = job->tool->revision;
+
+  if (!co_await acquire(job)) {
+    outcome.result = killError(Kill::cancelled, *job);
+    co_return outcome;
+  }
+  SlotLock lock(slot);
+  if (call.cancelRequested.load()) {
+    outcome.result = killError(Kill::cancelled, *job);
+    co_return outcome;
+  }
+  {
+    std::lock_guard guard(mutex);
+    slot.running = job;
+  }
+  const auto started = Clock::now();
+  call.deadline = started + std::chrono::milliseconds(call.limits.wallMs);
+  if (!slot.sandbox) {
+    slot.sandbox = std::make_unique<Sandbox>(job->tool, slot.settings, watchdog, platform);
+    outcome.usage.freshSandbox = true;
+  }
+  Sandbox& sandbox = *slot.sandbox;
+  job->ran = true;
+
+  asio::steady_timer waker(slot.strand);
+  call.wake = [&waker] { waker.cancel(); };
+  call.post = [strand = slot.strand](std::function<void()> fn) {
+    asio::post(strand, std::move(fn));
+  };
+  sandbox.beginCall(job->call);
+
+  std::optional<CallError> error;
+  try {
+    Sandbox::Step step = sandbox.start(job->arguments);
+    // The call ends when its promise settled and no host operation is outstanding. Between
+    // segments it holds no V8 lock or handle: only the timer wait below suspends.
+    while (sandbox.kill() == Kill::none && step.progress != Sandbox::Progress::failed) {
+      if (step.progress == Sandbox::Progress::settled && call.outstandingOps == 0) break;
+      if (step.progress == Sandbox::Progress::pending && call.outstandingOps == 0) {
+        sandbox.stop(Kill::timeout);
+        error = CallError{CallErrc::timeout,
+                          "the tool's promise is still pending and nothing it awaits can settle "
+                          "it, so the call was ended now instead of at its wall-clock limit of " +
+                              std::to_string(call.limits.wallMs) + " ms",
+                          {}};
+        break;
+      }
+      if (call.completions.empty()) {
+        if (call.cancelRequested.load()) {
+          sandbox.stop(Kill::cancelled);
+          break;
+        }
+        waker.expires_at(call.deadline);
+        co_await waker.async_wait(asio::as_tuple(asio::use_awaitable));
+        if (call.cancelRequested.load()) {
+          sandbox.stop(Kill::cancelled);
+          break;
+        }
+        if (call.completions.empty()) {
+          if (Clock::now() >= call.deadline) {
+            sandbox.stop(Kill::timeout);
+            break;
+          }
+          continue;
+        }
+      }
+      step = sandbox.resume();
+    }
+    if (!error && sandbox.kill() == Kill::none) {
+      if (step.progress == Sandbox::Progress::failed) {
+        error = step.error.value_or(CallError{CallErrc::cancelled, "the call was stopped", {}});
+      } else {
+        auto value = sandbox.result();
+        if (sandbox.kill() == Kill::none) {
+          if (value) {
+            outcome.result = std::move(*value);
+          } else {
+            error = std::move(value.error());
+          }
+        }
+      }
+    }
+  } catch (...) {
+    sandbox.endCall();
+    slot.sandbox.reset();
+    throw;
+  }
+  const Kill kill = sandbox.kill();
+  if (kill != Kill::none && (!error || error->code != CallErrc::timeout)) {
+    error = killError(kill, *job);
+  }
+  sandbox.endCall();
+  if (error) outcome.result = std::move(*error);
+
+  outcome.usage.wallMs = millisSince(started);
+  outcome.usage.cpuMs = call.cpuUsedNs / 1'000'000;
+  outcome.usage.heapPeakBytes = call.heapPeakBytes;
+  outcome.logs = std::move(call.logs);
+
+  bool stillRetained;
+  {
+    std::lock_guard guard(mutex);
+    stillRetained = slot.retained;
+  }
+  // Any kill or failure at the boundary discards the sandbox, so nothing of this call (a pending
+  // termination, a half-built module, a stuck promise) reaches the next one. A tool that threw
+  // keeps its sandbox: its state is whatever its own code left.
+  const bool discard = job->disposable || !stillRetained || kill != Kill::none ||
+                       (error && error->code != CallErrc::toolThrew);
+  job->heapBytes = sandbox.heapBytes();
+  if (discard) {
+    if (error && error->code != CallErrc::toolThrew) {
+      spdlog::debug("runtime: sandbox of {} ({}) discarded: {}", job->tool->name,
+                    job->tool->revision, error->detail);
+    }
+    slot.sandbox.reset();
+  }
+  job->sandboxKept = static_cast<bool>(slot.sandbox);
+  co_return outcome;
+}
+
+void SandboxPool::Impl::finish(const std::shared_ptr<CallJob>& job, std::exception_ptr error,
+                               CallOutcome outcome) {
+  if (error) {
+    try {
+      std::rethrow_exception(error);
+    } catch (const std::exception& e) {
+      spdlog::error("runtime: call of {} failed with an exception: {}", job->tool->name, e.what());
+    } catch (...) {
+      spdlog::error("runtime: call of {} failed with an unknown exception", job->tool->name);
+    }
+  }
+  {
+    std::lock_guard lock(mutex);
+    Slot& slot = *job->slot;
+    --slot.pending;
+    jobs.erase(job);
+    if (job->ran) {
+      ++slot.calls;
+      slot.lastUsed = Clock::now();
+      slot.heapBytes = job->heapBytes;
+      slot.hasSandbox = job->sandboxKept;
+    }
+    if (slot.pending == 0) {
+      if (slot.retained && !slot.hasSandbox) {
+        retained.erase(slot.revision);  // nothing left to retain (failed first call, discarded)
+        slot.retained = false;
+      } else if (!slot.retained && slot.hasSandbox) {
+        disposeLocked(job->slot);  // detached while it ran
+      }
+    }
+    evictLocked();
+  }
+  {
+    std::lock_guard lock(job->mutex);
+    job->done = true;
+  }
+  auto deliver = std::move(job->deliver);
+  job->deliver = nullptr;
+  deliver(error, std::move(outcome));
+}
+
+void SandboxPool::Impl::disposeLocked(const std::shared_ptr<Slot>& slot) {
+  slot->hasSandbox = false;
+  asio::post(slot->strand, [slot] {
+    if (!slot->locked) slot->sandbox.reset();
+  });
+}
+
+void SandboxPool::Impl::evictLocked() {
+  std::size_t count = retained.size();
+  std::uint64_t heap = 0;
+  std::vector<std::shared_ptr<Slot>> idle;
+  for (const auto& [revision, slot] : retained) {
+    heap += slot->heapBytes;
+    if (slot->pending == 0) idle.push_back(slot);
+  }
+  const std::uint64_t budget = static_cast<std::uint64_t>(config.memoryBudgetMb) * kMiB;
+  if (count <= config.maxRetained && heap <= budget) return;
+  std::sort(idle.begin(), idle.end(),
+            [](const auto& a, const auto& b) { return a->lastUsed < b->lastUsed; });
+  for (const auto& slot : idle) {
+    if (count <= config.maxRetained && heap <= budget) break;
+    spdlog::debug("runtime: evicting the idle sandbox of {} ({})", slot->name, slot->revision);
+    retained.erase(slot->revision);
+    slot->retained = false;
+    --count;
+    heap -= slot->heapBytes;
+    disposeLocked(slot);
+  }
+}
+
+std::vector<SandboxInfo> SandboxPool::list() const {
+  std::lock_guard lock(impl_->mutex);
+  std::vector<std::pair<Clock::time_point, SandboxInfo>> rows;
+  const auto now = Clock::now();
+  for (const auto& [revision, slot] : impl_->retained) {
+    SandboxInfo info;
+    info.revision = slot->revision;
+    info.name = slot->name;
+    info.calls = slot->calls;
+    info.heapBytes = slot->heapBytes;
+    info.busy = slot->pending > 0;
+    info.idleMs =
+        info.busy
+            ? 0
+            : std::chrono::duration_cast<std::chrono::milliseconds>(now - slot->lastUsed).count();
+    rows.emplace_back(slot->lastUsed, std::move(info));
+  }
+  std::sort(rows.begin(), rows.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<SandboxInfo> out;
+  out.reserve(rows.size());
+  for (auto& row : rows) out.push_back(std::move(row.second));
+  return out;
+}
+
+bool SandboxPool::terminate(const std::string& revision) {
+  std::shared_ptr<CallJob> running;
+  {
+    std::lock_guard lock(impl_->mutex);
+    auto found = impl_->retained.find(revision);
+    if (found == impl_->retained.end()) return false;
+    auto slot = found->second;
+    impl_->retained.erase(found);
+    slot->retained = false;
+    if (slot->pending == 0) {
+      impl_->disposeLocked(slot);
+    } else {
+      running = slot->running.lock();
+    }
+  }
+  if (running) running->cancel("the sandbox was terminated by an administrator");
+  return true;
+}
+
+void SandboxPool::discard(const std::string& revision) {
+  std::lock_guard lock(impl_->mutex);
+  auto found = impl_->retained.find(revision);
+  if (found == impl_->retained.end()) return;
+  auto slot = found->second;
+  impl_->retained.erase(found);
+  slot->retained = false;
+  if (slot->pending == 0) impl_->disposeLocked(slot);
+}
+
+}  // namespace toolhost::runtime

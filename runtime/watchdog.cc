@@ -1,0 +1,94 @@
+#include "runtime/watchdog.h"
+
+#include <v8.h>
+
+#include <algorithm>
+
+namespace toolhost::runtime {
+
+namespace {
+// How late a CPU-limit kill may be: the thread is polled at least this often near its deadline.
+constexpr auto kMinCpuPoll = std::chrono::milliseconds(1);
+}  // namespace
+
+Watchdog::Watchdog() : thread_([this] { run(); }) {}
+
+Watchdog::~Watchdog() {
+  {
+    std::lock_guard lock(mutex_);
+    stop_ = true;
+  }
+  wake_.notify_all();
+  thread_.join();
+}
+
+std::int64_t Watchdog::cpuNowNs(clockid_t clock) {
+  timespec now{};
+  if (clock_gettime(clock, &now) != 0) return 0;
+  return static_cast<std::int64_t>(now.tv_sec) * 1'000'000'000 + now.tv_nsec;
+}
+
+void Watchdog::arm(std::uint64_t epoch, const Arm& arm) {
+  {
+    std::lock_guard lock(mutex_);
+    arms_[epoch] = arm;
+  }
+  wake_.notify_all();
+}
+
+void Watchdog::disarm(std::uint64_t epoch) {
+  std::lock_guard lock(mutex_);
+  arms_.erase(epoch);
+}
+
+void Watchdog::kill(std::uint64_t epoch, Kill reason) {
+  std::lock_guard lock(mutex_);
+  auto found = arms_.find(epoch);
+  if (found == arms_.end()) return;
+  fire(found->second, reason);
+  arms_.erase(found);
+}
+
+void Watchdog::fire(const Arm& arm, Kill reason) {
+  recordKill(*arm.kill, reason);
+  arm.isolate->TerminateExecution();  // thread-safe; the isolate lives while it is armed
+}
+
+void Watchdog::run() {
+  std::unique_lock lock(mutex_);
+  while (!stop_) {
+    const auto now = Clock::now();
+    auto next = Clock::time_point::max();
+    for (auto it = arms_.begin(); it != arms_.end();) {
+      const Arm& arm = it->second;
+      Kill reason = Kill::none;
+      if (now >= arm.wallDeadline) {
+        reason = Kill::timeout;
+      } else {
+        next = std::min(next, arm.wallDeadline);
+        const std::int64_t remaining = arm.cpuDeadlineNs - cpuNowNs(arm.cpuClock);
+        if (remaining <= 0) {
+          reason = Kill::cpuLimit;
+        } else {
+          // A thread cannot burn CPU faster than the clock on the wall: sleeping `remaining`
+          // never overshoots by more than the poll floor.
+          next = std::min(next, now + std::max<Clock::duration>(std::chrono::nanoseconds(remaining),
+                                                                kMinCpuPoll));
+        }
+      }
+      if (reason != Kill::none) {
+        fire(arm, reason);
+        it = arms_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    if (next == Clock::time_point::max()) {
+      wake_.wait(lock);
+    } else {
+      wake_.wait_until(lock, next);
+    }
+  }
+}
+
+}  // namespace toolhost::runtime

@@ -1,0 +1,69 @@
+// The watchdog: one thread that ends JavaScript running past its wall-clock or thread-CPU
+// deadline with Isolate::TerminateExecution. Every arm is keyed by the epoch of one call (unique
+// for the pool's lifetime) and removed under the watchdog's mutex, so a kill can reach only the
+// segment it was armed for: once disarm() returns, that arm can no longer fire. arm() and
+// disarm() are called by the worker running the segment; kill() from any thread.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <ctime>
+#include <map>
+#include <mutex>
+#include <thread>
+
+namespace v8 {
+class Isolate;
+}
+
+namespace toolhost::runtime {
+
+// Why JavaScript was stopped, recorded by whoever stopped it first (the watchdog, the heap
+// callback, the ArrayBuffer allocator, a cancellation).
+enum class Kill : int { none = 0, timeout, cpuLimit, memoryLimit, arrayBufferLimit, cancelled };
+
+// Records `reason` in `slot` unless a reason is already there.
+inline void recordKill(std::atomic<int>& slot, Kill reason) {
+  int expected = static_cast<int>(Kill::none);
+  slot.compare_exchange_strong(expected, static_cast<int>(reason));
+}
+
+class Watchdog {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  struct Arm {
+    v8::Isolate* isolate = nullptr;
+    std::atomic<int>* kill = nullptr;  // where the reason goes (lives as long as the isolate)
+    Clock::time_point wallDeadline;
+    clockid_t cpuClock{};            // CPU clock of the thread running the segment
+    std::int64_t cpuDeadlineNs = 0;  // reading of cpuClock at which the CPU limit is reached
+  };
+
+  Watchdog();
+  ~Watchdog();
+  Watchdog(const Watchdog&) = delete;
+  Watchdog& operator=(const Watchdog&) = delete;
+
+  void arm(std::uint64_t epoch, const Arm& arm);
+  void disarm(std::uint64_t epoch);
+  // Stops the segment armed for `epoch` now, if there is one.
+  void kill(std::uint64_t epoch, Kill reason);
+
+  // Nanoseconds on a thread CPU clock.
+  static std::int64_t cpuNowNs(clockid_t clock);
+
+ private:
+  void run();
+  static void fire(const Arm& arm, Kill reason);
+
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::map<std::uint64_t, Arm> arms_;  // by call epoch
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+}  // namespace toolhost::runtime

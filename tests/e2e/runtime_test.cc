@@ -1,0 +1,232 @@
+// Sandboxed JavaScript tools through the real daemon: tools.call, retained and disposable
+// sandboxes, cancellation, limits as JSON-RPC errors, and the sandboxes family.
+#include "tests/support/daemon_process.h"
+
+#include "protocol/json_parse.h"
+#include "protocol/json_text.h"
+#include "protocol/jsonrpc.h"
+
+#include <boost/json/parse.hpp>
+#include <catch2/catch.hpp>
+
+#include <thread>
+
+using namespace toolhost::testing;
+namespace json = boost::json;
+
+namespace {
+
+json::object jsTool(std::string_view name, std::string_view source, json::object extra = {}) {
+  json::object manifest{
+      {"name", name},
+      {"description", "a test tool"},
+      {"parameters", json::parse(R"({"type":"object"})")},
+      {"execution", json::object{{"class", "sandboxed-code"}, {"runtime", "javascript"}, {"source", source}}}};
+  for (auto& [key, value] : extra) manifest[key] = value;
+  return manifest;
+}
+
+// Installs and activates; returns the revision.
+std::string deploy(RawClient& client, const json::object& manifest) {
+  auto installed = client.call("tools.install", json::object{{"manifest", manifest}});
+  INFO(toolhost::protocol::writeJson(installed));
+  REQUIRE(installed.contains("result"));
+  std::string revision(installed.at("result").at("revision").as_string());
+  auto activated = client.call("tools.activate", json::object{{"name", manifest.at("name")}, {"revision", revision}, {"replace", true}});
+  REQUIRE(activated.contains("result"));
+  return revision;
+}
+
+json::object call(RawClient& client, std::string_view name, json::object arguments = {}, json::object extra = {}) {
+  json::object params{{"name", name}, {"arguments", std::move(arguments)}};
+  for (auto& [key, value] : extra) params[key] = value;
+  return client.call("tools.call", params);
+}
+
+std::int64_t errorCode(const json::object& response) {
+  INFO(toolhost::protocol::writeJson(response));
+  REQUIRE(response.contains("error"));
+  return response.at("error").at("code").as_int64();
+}
+
+std::string errorKind(const json::object& response) {
+  return std::string(response.at("error").at("data").at("kind").as_string());
+}
+
+json::value resultOf(const json::object& response) {
+  INFO(toolhost::protocol::writeJson(response));
+  REQUIRE(response.contains("result"));
+  return response.at("result").at("result");
+}
+
+std::size_t retainedCount(RawClient& client) {
+  return client.call("sandboxes.list").at("result").at("sandboxes").as_array().size();
+}
+
+}  // namespace
+
+TEST_CASE("a sandboxed tool runs with its modules; state is retained per revision", "[e2e][runtime]") {
+  auto daemon = DaemonProcess::start();
+  RawClient client(daemon->socket());
+  auto counter = jsTool("counter",
+                        "import { step } from './lib/step.js';\n"
+                        "let n = 0;\n"
+                        "export default async function (args, ctx) {\n"
+                        "  n += step(args.by ?? 1);\n"
+                        "  console.log('n =', n);\n"
+                        "  return { n, tool: ctx.tool.name };\n"
+                        "}");
+  counter["execution"].as_object()["modules"] = json::object{{"lib/step.js", "export const step = (x) => x * 10;"}};
+  counter["parameters"] = json::parse(R"({"type":"object","properties":{"by":{"type":"integer"}}})");
+  std::string revision = deploy(client, counter);
+
+  auto first = call(client, "counter", json::object{{"by", 2}});
+  CHECK(resultOf(first) == json::parse(R"({"n":20,"tool":"counter"})"));
+  CHECK(first.at("result").at("revision") == json::value(revision));
+  CHECK(first.at("result").at("usage").at("freshSandbox") == true);
+  CHECK(first.at("result").at("logs") == "[log] n = 20\n");
+  auto second = call(client, "counter");
+  CHECK(resultOf(second).at("n") == 30);
+  CHECK(second.at("result").at("usage").at("freshSandbox") == false);
+  // A disposable call gets a fresh sandbox of its own and leaves the retained one alone.
+  CHECK(resultOf(call(client, "counter", {}, json::object{{"mode", "disposable"}})).at("n") == 10);
+  CHECK(resultOf(call(client, "counter")).at("n") == 40);
+
+  auto listed = client.call("sandboxes.list").at("result").at("sandboxes").as_array();
+  REQUIRE(listed.size() == 1);
+  CHECK(listed[0].at("revision") == json::value(revision));
+  CHECK(listed[0].at("calls") == 3);
+
+  // Moving the binding discards the old revision's sandbox; the new one starts fresh.
+  auto v2 = counter;
+  v2["description"] = "counts, again";
+  std::string revision2 = deploy(client, v2);
+  CHECK(resultOf(call(client, "counter")).at("n") == 10);
+  auto after = client.call("sandboxes.list").at("result").at("sandboxes").as_array();
+  REQUIRE(after.size() == 1);
+  CHECK(after[0].at("revision") == json::value(revision2));
+
+  // The old revision is still callable by revision (pinned calls keep working), in a new sandbox.
+  auto pinned = client.call("tools.call", json::object{{"revision", revision}, {"arguments", json::object{}}});
+  CHECK(resultOf(pinned).at("n") == 10);
+
+  CHECK(client.call("sandboxes.terminate", json::object{{"revision", revision2}}).contains("result"));
+  CHECK(errorCode(client.call("sandboxes.terminate", json::object{{"revision", revision2}})) == -32001);
+  CHECK(resultOf(call(client, "counter")).at("n") == 10);
+}
+
+TEST_CASE("limits and failures become distinct JSON-RPC errors; the daemon survives", "[e2e][runtime]") {
+  auto daemon = DaemonProcess::start();
+  RawClient client(daemon->socket());
+  auto limits = json::object{{"limits", json::parse(R"({"wallMs":400,"cpuMs":300,"heapMb":32,"arrayBufferMb":8,"outputBytes":1000})")}};
+  deploy(client, jsTool("spin", "export default async () => { for (;;) {} }", limits));
+  deploy(client, jsTool("hog", "export default async () => { const a = []; for (;;) a.push({x: [1,2,3,4]}); }", limits));
+  deploy(client, jsTool("buffers", "export default async () => { const k = []; for (;;) k.push(new ArrayBuffer(1 << 20)); }", limits));
+  deploy(client, jsTool("chatty", "export default async () => 'x'.repeat(5000)", limits));
+  deploy(client, jsTool("thrower", "export default async () => { const e = new Error('no city given'); e.code = 'bad-city'; throw e; }", limits));
+  deploy(client, jsTool("recursive", "const f = (n) => f(n + 1) + 1; export default async () => f(0)", limits));
+  deploy(client, jsTool("cyclic", "export default async () => { const o = {}; o.self = o; return o; }", limits));
+  deploy(client, jsTool("broken", "export default 42", limits));
+
+  auto spin = call(client, "spin");
+  CHECK((errorCode(spin) == -32004 || errorCode(spin) == -32006));
+  CHECK(errorCode(call(client, "hog")) == -32005);
+  CHECK(errorCode(call(client, "buffers")) == -32016);
+  CHECK(errorCode(call(client, "chatty")) == -32007);
+  auto thrown = call(client, "thrower");
+  CHECK(errorCode(thrown) == -32008);
+  CHECK(thrown.at("error").at("data").at("toolError").at("message") == "no city given");
+  CHECK(thrown.at("error").at("data").at("toolError").at("code") == "bad-city");
+  CHECK(errorCode(call(client, "recursive")) == -32017);
+  auto cyclic = call(client, "cyclic");
+  CHECK(errorCode(cyclic) == -32008);
+  CHECK(errorKind(cyclic) == "invalid-result");
+  auto broken = call(client, "broken");
+  CHECK(errorCode(broken) == -32011);
+  CHECK(errorKind(broken) == "invalid-module");
+  auto looser = call(client, "spin", {}, json::object{{"limits", json::object{{"wallMs", 5000}}}});
+  CHECK(errorCode(looser) == -32602);
+  CHECK(errorKind(looser) == "invalid-limits");
+
+  CHECK(client.call("daemon.health").at("result").at("status") == "ok");
+  CHECK(daemon->running());
+}
+
+TEST_CASE("$/cancelRequest and a closed connection cancel a running call", "[e2e][runtime]") {
+  auto daemon = DaemonProcess::start();
+  RawClient client(daemon->socket());
+  std::string revision = deploy(client, jsTool("spin", "export default async () => { for (;;) {} }"));
+
+  client.send(R"({"jsonrpc":"2.0","id":"long","method":"tools.call","params":{"name":"spin"}})" "\n");
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  auto started = std::chrono::steady_clock::now();
+  client.send(R"({"jsonrpc":"2.0","method":"$/cancelRequest","params":{"id":"long"}})" "\n");
+  auto response = client.readJson(std::chrono::seconds(10)).as_object();
+  CHECK(response.at("id") == "long");
+  CHECK(errorCode(response) == -32009);
+  CHECK(std::chrono::steady_clock::now() - started < std::chrono::seconds(5));
+  // A cancelled call's sandbox is discarded.
+  CHECK(retainedCount(client) == 0);
+
+  // As a request, $/cancelRequest answers whether it found the request.
+  auto unknown = client.call("$/cancelRequest", json::object{{"id", "nothing-in-flight"}}, 5);
+  CHECK(unknown.at("result").at("cancelled") == false);
+
+  {
+    RawClient doomed(daemon->socket());
+    doomed.send(R"({"jsonrpc":"2.0","id":1,"method":"tools.call","params":{"name":"spin"}})" "\n");
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  // The connection closed: the call is cancelled, not left spinning for 60 s.
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  bool idle = false;
+  while (std::chrono::steady_clock::now() < deadline && !idle) {
+    auto listed = client.call("sandboxes.list").at("result").at("sandboxes").as_array();
+    idle = listed.empty();
+    if (!idle) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  CHECK(idle);
+  // And the next call works.
+  deploy(client, jsTool("quick", "export default async () => 'ok'"));
+  CHECK(resultOf(call(client, "quick")) == "ok");
+}
+
+TEST_CASE("capabilities: policy-gated ones refuse; subtasks go through the core", "[e2e][runtime]") {
+  auto daemon = DaemonProcess::start();
+  RawClient client(daemon->socket());
+  deploy(client, jsTool("gated",
+                        "export default async (args, ctx) => {\n"
+                        "  const codes = [];\n"
+                        "  for (const attempt of [() => fetch('https://example.com/'), () => ctx.fetch('https://example.com/'),\n"
+                        "                         () => ctx.storage.get('k'), () => ctx.popup({kind: 'custom-html', html: ''})]) {\n"
+                        "    try { await attempt(); codes.push('succeeded'); } catch (e) { codes.push(e.code); }\n"
+                        "  }\n"
+                        "  return codes;\n"
+                        "}"));
+  auto gated = resultOf(call(client, "gated"));
+  for (const auto& code : gated.as_array()) CHECK(code == "not-authorized");
+
+  auto planner = jsTool("planner",
+                        "export default async (args, ctx) => {\n"
+                        "  const target = await ctx.resolveInvocation('echo');\n"
+                        "  const tasks = await ctx.createSubtasksResult([\n"
+                        "    { kind: 'message', role: 'user', content: 'hello' },\n"
+                        "    { kind: 'functioncall', role: 'assistant', call: { name: 'echo', arguments: { a: 1 } } }]);\n"
+                        "  return { target, ids: tasks.map((t) => t.id), pinned: tasks[1].call.toolRevision };\n"
+                        "}");
+  planner["capabilities"] = json::object{{"subtasks", true}};
+  deploy(client, planner);
+  auto planned = resultOf(call(client, "planner"));
+  auto echoRevision = client.call("tools.get", json::object{{"name", "echo"}}).at("result").at("revision");
+  CHECK(planned.at("target").at("toolRevision") == echoRevision);
+  CHECK(planned.at("pinned") == echoRevision);
+  CHECK(planned.at("ids").as_array().size() == 2);
+  // Without the capability in the manifest, the same code is refused.
+  auto unplanned = planner;
+  unplanned["name"] = "unplanned";
+  unplanned.erase("capabilities");
+  deploy(client, unplanned);
+  auto refused = call(client, "unplanned");
+  CHECK(errorCode(refused) == -32008);
+  CHECK(refused.at("error").at("data").at("toolError").at("code") == "not-authorized");
+}

@@ -1,0 +1,193 @@
+// Helpers for the runtime tests: the process-wide V8 platform, tool revisions built in memory,
+// a recording CapabilityHost, and ways to await SandboxPool::call from a test thread.
+#pragma once
+
+#include "registry/registry.h"
+#include "runtime/sandbox_pool.h"
+#include "runtime/v8_platform.h"
+
+#include <boost/asio/bind_cancellation_slot.hpp>
+#include <boost/asio/cancellation_signal.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/json/array.hpp>
+#include <boost/json/object.hpp>
+#include <boost/json/serialize.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace toolhost::runtime::testing {
+
+// The platform lives for the whole test process, as in the daemon.
+inline V8Platform& v8Platform() {
+  static V8Platform platform;
+  return platform;
+}
+
+// A sandboxed-code revision held only in memory. `extra` adds or replaces manifest members
+// (limits, capabilities, ...); `modules` becomes execution.modules.
+inline registry::ToolRevisionPtr makeTool(const std::string& source, boost::json::object extra = {},
+                                          boost::json::object modules = {},
+                                          std::string name = "test-tool") {
+  static std::atomic<int> counter{0};
+  auto tool = std::make_shared<registry::ToolRevision>();
+  boost::json::object execution{
+      {"class", "sandboxed-code"}, {"runtime", "javascript"}, {"source", source}};
+  if (!modules.empty()) execution["modules"] = std::move(modules);
+  boost::json::object manifest{{"name", name},
+                               {"description", "a test tool"},
+                               {"parameters", boost::json::object{{"type", "object"}}},
+                               {"execution", std::move(execution)}};
+  for (auto& [key, value] : extra) manifest[key] = value;
+  tool->name = name;
+  tool->revision = "sha256:test-" + std::to_string(++counter) + "-" + name;
+  tool->manifest = std::move(manifest);
+  tool->executionClass = registry::ExecutionClass::sandboxedCode;
+  return tool;
+}
+
+// Records what the tools ask for; answers with fixed data.
+class FakeHost : public CapabilityHost {
+ public:
+  boost::system::result<boost::json::object, std::string> resolveInvocation(
+      const registry::ToolRevision& caller, const std::string& name) override {
+    std::lock_guard lock(mutex_);
+    resolved.push_back(caller.name + " -> " + name);
+    if (name == "missing") return std::string("no tool named \"missing\"");
+    return boost::json::object{{"toolRevision", "sha256:resolved-" + name},
+                               {"settingsRevision", "sha256:settings-" + name},
+                               {"secretPath", "/etc/shadow"}};
+  }
+
+  boost::system::result<boost::json::array, std::string> createSubtasks(
+      const registry::ToolRevision& caller, const boost::json::value& drafts,
+      const boost::json::object& invocation) override {
+    std::lock_guard lock(mutex_);
+    subtasks.push_back(caller.name + " " + boost::json::serialize(drafts) + " " +
+                       boost::json::serialize(invocation));
+    return boost::json::array{boost::json::object{{"id", "sha256:task-1"}, {"drafts", drafts}}};
+  }
+
+  std::vector<std::string> resolved;
+  std::vector<std::string> subtasks;
+
+ private:
+  std::mutex mutex_;
+};
+
+// A small pool for tests: short defaults so a runaway tool ends quickly.
+inline RuntimeConfig testConfig() {
+  RuntimeConfig config;
+  config.workers = 2;
+  config.defaults.wallMs = 5000;
+  config.defaults.cpuMs = 5000;
+  config.defaults.heapMb = 32;
+  config.defaults.arrayBufferMb = 16;
+  return config;
+}
+
+// Awaits one call on a private io_context.
+inline CallOutcome callTool(SandboxPool& pool, const registry::ToolRevisionPtr& tool,
+                            const boost::json::object& arguments = {}, CallOptions options = {}) {
+  boost::asio::io_context io;
+  std::optional<CallOutcome> out;
+  std::exception_ptr failure;
+  boost::asio::co_spawn(io, pool.call(tool, arguments, std::move(options)),
+                        [&](std::exception_ptr error, CallOutcome outcome) {
+                          failure = error;
+                          out = std::move(outcome);
+                        });
+  io.run();
+  if (failure) std::rethrow_exception(failure);
+  return std::move(*out);
+}
+
+struct CallRequest {
+  registry::ToolRevisionPtr tool;
+  boost::json::object arguments;
+  CallOptions options;
+};
+
+// Starts every call at once (in order) and waits for all.
+inline std::vector<CallOutcome> callTogether(SandboxPool& pool, std::vector<CallRequest> requests) {
+  boost::asio::io_context io;
+  std::vector<std::optional<CallOutcome>> out(requests.size());
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    boost::asio::co_spawn(io,
+                          pool.call(requests[i].tool, requests[i].arguments, requests[i].options),
+                          [&out, i](std::exception_ptr error, CallOutcome outcome) {
+                            if (error) std::rethrow_exception(error);
+                            out[i] = std::move(outcome);
+                          });
+  }
+  io.run();
+  std::vector<CallOutcome> results;
+  for (auto& outcome : out) results.push_back(std::move(*outcome));
+  return results;
+}
+
+// Starts a call, cancels it (terminal) after `after`, and waits for it.
+inline CallOutcome callAndCancel(SandboxPool& pool, const registry::ToolRevisionPtr& tool,
+                                 std::chrono::milliseconds after, CallOptions options = {}) {
+  boost::asio::io_context io;
+  boost::asio::cancellation_signal signal;
+  std::optional<CallOutcome> out;
+  boost::json::object arguments;
+  boost::asio::co_spawn(io, pool.call(tool, arguments, std::move(options)),
+                        boost::asio::bind_cancellation_slot(
+                            signal.slot(), [&](std::exception_ptr error, CallOutcome outcome) {
+                              if (error) std::rethrow_exception(error);
+                              out = std::move(outcome);
+                            }));
+  boost::asio::steady_timer timer(io, after);
+  timer.async_wait([&](boost::system::error_code) {
+    if (!out) signal.emit(boost::asio::cancellation_type::terminal);
+  });
+  io.run();
+  return std::move(*out);
+}
+
+inline std::int64_t nowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// The error code of an outcome, or nullopt for a result.
+inline std::optional<CallErrc> errc(const CallOutcome& outcome) {
+  if (outcome.result) return std::nullopt;
+  return outcome.result.error().code;
+}
+
+inline std::string describe(const CallOutcome& outcome) {
+  if (outcome.result) return "result " + boost::json::serialize(*outcome.result);
+  return std::string(callErrcName(outcome.result.error().code)) + ": " +
+         outcome.result.error().detail;
+}
+
+}  // namespace toolhost::runtime::testing
+
+namespace toolhost::runtime::testing {
+
+// A pool with a recording host, built after the platform.
+struct PoolFixture {
+  explicit PoolFixture(RuntimeConfig config = testConfig())
+      : platform((v8Platform(), true)), pool(std::move(config), host) {}
+  bool platform;
+  FakeHost host;
+  SandboxPool pool;
+
+  CallOutcome call(const registry::ToolRevisionPtr& tool, const boost::json::object& arguments = {},
+                   CallOptions options = {}) {
+    return callTool(pool, tool, arguments, std::move(options));
+  }
+};
+
+}  // namespace toolhost::runtime::testing

@@ -1,0 +1,655 @@
+// SandboxPool end to end, in process, with real isolates: results, state retained per revision,
+// modules, the ctx doors, console, serialization, parallelism, cancellation, eviction, limits.
+#include "tests/runtime/runtime_test_support.h"
+
+#include <catch2/catch.hpp>
+
+#include <boost/json/parse.hpp>
+
+#include <thread>
+
+using namespace toolhost::runtime;
+using namespace toolhost::runtime::testing;
+namespace json = boost::json;
+using std::chrono::milliseconds;
+
+namespace {
+
+json::object limits(json::object values) { return json::object{{"limits", std::move(values)}}; }
+
+CallOptions disposable() {
+  CallOptions options;
+  options.mode = CallOptions::Mode::disposable;
+  return options;
+}
+
+// A tool that busy-waits args.ms and reports when it ran (wall clock, ms since the epoch).
+const char* kBusy = R"(export default (args) => {
+    const start = Date.now();
+    while (Date.now() < start + args.ms) {}
+    return {start, end: Date.now()};
+  })";
+
+std::int64_t field(const CallOutcome& outcome, const char* name) {
+  return outcome.result->at(name).as_int64();
+}
+
+}  // namespace
+
+TEST_CASE("a tool's default export runs with the arguments and its result comes back", "[pool]") {
+  PoolFixture f;
+  auto tool =
+      makeTool("export default async (args, ctx) => ({sum: args.a + args.b, tool: ctx.tool})");
+  auto outcome = f.call(tool, {{"a", 2}, {"b", 40}});
+  INFO(describe(outcome));
+  REQUIRE(outcome.result);
+  CHECK(*outcome.result == json::parse(R"({"sum":42,"tool":{"name":"test-tool","revision":")" +
+                                       tool->revision + R"("}})"));
+  CHECK(outcome.revision == tool->revision);
+  CHECK(outcome.usage.freshSandbox);
+  CHECK(outcome.usage.heapPeakBytes > 0);
+  SECTION("a synchronous default export works too; undefined becomes null") {
+    auto sync = f.call(makeTool("export default () => {}"));
+    REQUIRE(sync.result);
+    CHECK(sync.result->is_null());
+  }
+}
+
+TEST_CASE("module state is retained per revision; disposable calls get a fresh module", "[pool]") {
+  PoolFixture f;
+  const char* counter = "let calls = 0; export default () => ++calls;";
+  auto tool = makeTool(counter);
+  auto other = makeTool(counter, {}, {}, "other-tool");
+  CHECK(*f.call(tool).result == 1);
+  CHECK(*f.call(tool).result == 2);
+  CHECK(*f.call(other).result == 1);
+  auto isolated = f.call(tool, {}, disposable());
+  CHECK(*isolated.result == 1);
+  CHECK(isolated.usage.freshSandbox);
+  auto third = f.call(tool);
+  CHECK(*third.result == 3);
+  CHECK_FALSE(third.usage.freshSandbox);
+  auto list = f.pool.list();
+  REQUIRE(list.size() == 2);
+  CHECK(list[0].revision == other->revision);  // least recently used first
+  CHECK(list[1].revision == tool->revision);
+  CHECK(list[1].calls == 3);
+  CHECK(list[1].name == "test-tool");
+  CHECK_FALSE(list[1].busy);
+  CHECK(list[1].heapBytes > 0);
+  CHECK(list[1].idleMs >= 0);
+}
+
+TEST_CASE("a tool that throws keeps its sandbox; the error says what was thrown", "[pool]") {
+  PoolFixture f;
+  auto tool = makeTool(R"(let calls = 0;
+      export default async (args) => {
+        calls++;
+        if (args.fail === 'error') throw Object.assign(new TypeError('bad input'), {code: 'E_BAD'});
+        if (args.fail === 'string') throw 'plain string';
+        if (args.fail === 'reject') return Promise.reject(new RangeError('rejected'));
+        return calls;
+      })");
+  auto error = f.call(tool, {{"fail", "error"}});
+  REQUIRE(errc(error) == CallErrc::toolThrew);
+  CHECK(error.result.error().detail == "the tool's promise rejected: TypeError: bad input");
+  auto toolError = error.result.error().toolError;
+  CHECK(toolError.at("name") == "TypeError");
+  CHECK(toolError.at("message") == "bad input");
+  CHECK(toolError.at("code") == "E_BAD");
+  CHECK_THAT(std::string(toolError.at("stack").as_string()), Catch::Contains("source.js:4"));
+  auto text = f.call(tool, {{"fail", "string"}});
+  REQUIRE(errc(text) == CallErrc::toolThrew);
+  CHECK(text.result.error().toolError.at("message") == "plain string");
+  auto rejected = f.call(tool, {{"fail", "reject"}});
+  REQUIRE(errc(rejected) == CallErrc::toolThrew);
+  CHECK(rejected.result.error().toolError.at("name") == "RangeError");
+  auto after = f.call(tool);
+  REQUIRE(after.result);
+  CHECK(*after.result == 4);  // same module state throughout
+}
+
+TEST_CASE("imports resolve only to the revision's own modules", "[pool][modules]") {
+  PoolFixture f;
+  json::object modules{
+      {"util.js", "export const twice = (x) => 2 * x; export { label } from './lib/label.js';"},
+      {"lib/label.js",
+       "import { prefix } from '../prefix.js'; export const label = (x) => prefix + x;"},
+      {"prefix.js", "export const prefix = 'n=';"},
+      {"lib/tla.js", "export const ready = await Promise.resolve('awaited');"},
+  };
+  SECTION("relative, bare and rooted specifiers, nested folders, top-level await") {
+    auto tool = makeTool(
+        "import { twice, label } from './util.js'; import * as again from 'util.js';"
+        "import { ready } from '/lib/tla.js';"
+        "export default (args) => [label(twice(args.n)), again.twice === twice, ready];",
+        {}, modules);
+    auto outcome = f.call(tool, {{"n", 21}});
+    INFO(describe(outcome));
+    REQUIRE(outcome.result);
+    CHECK(*outcome.result == json::parse(R"(["n=42",true,"awaited"])"));
+  }
+  SECTION("unknown specifiers are refused, naming the specifier") {
+    const char* sources[] = {
+        "import fs from 'fs'; export default () => 1;",
+        "import x from 'node:fs'; export default () => 1;",
+        "import x from 'https://example.com/x.js'; export default () => 1;",
+        "import x from '../util.js'; export default () => 1;",
+        "import x from './missing.js'; export default () => 1;",
+    };
+    for (const char* source : sources) {
+      auto outcome = f.call(makeTool(source, {}, modules));
+      INFO(source << "\n" << describe(outcome));
+      REQUIRE(errc(outcome) == CallErrc::invalidModule);
+      CHECK_THAT(outcome.result.error().detail,
+                 Catch::Contains("which is not one of this revision's modules"));
+    }
+    auto nested = f.call(makeTool("import './lib/bad.js'; export default () => 1;", {},
+                                  {{"lib/bad.js", "import '../../escape.js';"}}));
+    INFO(describe(nested));
+    CHECK_THAT(nested.result.error().detail,
+               Catch::Contains("lib/bad.js imports \"../../escape.js\""));
+  }
+  SECTION("modules that do not compile, throw, or export no function are invalidModule") {
+    struct Case {
+      const char* source;
+      const char* says;
+    };
+    const Case cases[] = {
+        {"export default (args => 1", "does not compile: SyntaxError"},
+        {"throw new Error('top level'); export default () => 1;", "Error: top level"},
+        {"export const x = 1;", "default export is not a function (it is missing)"},
+        {"export default 42;", "default export is not a function (it is a number)"},
+        {"await new Promise(() => {}); export default () => 1;", "top-level await never settles"},
+        {"import { nope } from './util.js'; export default () => 1;", "cannot be linked"},
+    };
+    for (const auto& c : cases) {
+      auto outcome = f.call(makeTool(c.source, {}, modules));
+      INFO(c.source << "\n" << describe(outcome));
+      REQUIRE(errc(outcome) == CallErrc::invalidModule);
+      CHECK_THAT(outcome.result.error().detail, Catch::Contains(c.says));
+    }
+    CHECK(f.pool.list().empty());  // never retained
+  }
+  SECTION("a module that loops at top level is stopped by the call's limits") {
+    auto outcome =
+        f.call(makeTool("for (;;) {} export default () => 1;", limits({{"wallMs", 300}})));
+    CHECK(errc(outcome) == CallErrc::timeout);
+  }
+}
+
+TEST_CASE("ctx offers exactly its doors, frozen, and denies what policy has not granted",
+          "[pool][ctx]") {
+  PoolFixture f;
+  auto tool = makeTool(R"(export default async (args, ctx) => {
+      const outcome = async (f) => { try { return {ok: await f()}; } catch (e) { return {name: e.name, code: e.code, message: e.message}; } };
+      return {
+        keys: Object.keys(ctx).sort(),
+        storageKeys: Object.keys(ctx.storage).sort(),
+        frozen: [Object.isFrozen(ctx), Object.isFrozen(ctx.tool), Object.isFrozen(ctx.storage)],
+        fetch: await outcome(() => fetch('https://example.com')),
+        ctxFetch: await outcome(() => ctx.fetch('https://example.com')),
+        popup: await outcome(() => ctx.popup({url: 'https://example.com'})),
+        secret: await outcome(() => ctx.secret('api_key')),
+        storage: await outcome(() => ctx.storage.get('k')),
+        storageSet: await outcome(() => ctx.storage.set('k', 1)),
+        resolve: await outcome(() => ctx.resolveInvocation('weather')),
+        subtasks: await outcome(() => ctx.createSubtasksResult([])),
+        construct: await outcome(() => new ctx.fetch('x')),
+      };
+    })");
+  auto outcome = f.call(tool);
+  INFO(describe(outcome));
+  REQUIRE(outcome.result);
+  const auto& r = outcome.result->as_object();
+  CHECK(
+      r.at("keys") ==
+      json::parse(
+          R"(["createSubtasksResult","fetch","popup","resolveInvocation","secret","storage","tool"])"));
+  CHECK(r.at("storageKeys") == json::parse(R"(["delete","get","list","set"])"));
+  CHECK(r.at("frozen") == json::parse("[true,true,true]"));
+  for (const char* door : {"fetch", "ctxFetch", "popup", "secret", "storage", "storageSet"}) {
+    INFO(door);
+    CHECK(r.at(door).at("code") == "not-authorized");
+    CHECK_THAT(std::string(r.at(door).at("message").as_string()),
+               Catch::Contains("the policy engine has not granted it"));
+  }
+  for (const char* door : {"resolve", "subtasks"}) {
+    INFO(door);
+    CHECK(r.at(door).at("code") == "not-authorized");
+    CHECK_THAT(std::string(r.at(door).at("message").as_string()),
+               Catch::Contains("does not request capabilities.subtasks"));
+  }
+  CHECK(r.at("construct").at("name") == "TypeError");
+  CHECK(f.host.resolved.empty());
+  CHECK(f.host.subtasks.empty());
+}
+
+TEST_CASE("resolveInvocation and createSubtasksResult reach the host with subtasks granted",
+          "[pool][ctx]") {
+  PoolFixture f;
+  json::object subtasks{{"capabilities", json::object{{"subtasks", true}}}};
+  auto tool = makeTool(R"(export default async (args, ctx) => {
+      const resolved = await ctx.resolveInvocation('weather');
+      let missing;
+      try { await ctx.resolveInvocation('missing'); } catch (e) { missing = {code: e.code, message: e.message}; }
+      const [a, b] = await Promise.all([ctx.resolveInvocation('a'), ctx.resolveInvocation('b')]);
+      const tasks = await ctx.createSubtasksResult([{call: 'weather', args: {city: 'Oslo'}}]);
+      let bad;
+      try { await ctx.createSubtasksResult({f() {}}); } catch (e) { bad = {name: e.name, message: e.message}; }
+      let badName;
+      try { await ctx.resolveInvocation(42); } catch (e) { badName = e.name; }
+      return {resolved, missing, a: a.toolRevision, b: b.toolRevision, tasks, bad, badName};
+    })",
+                       subtasks);
+  CallOptions options;
+  options.invocation = {{"taskId", "sha256:parent"}};
+  auto outcome = f.call(tool, {}, options);
+  INFO(describe(outcome));
+  REQUIRE(outcome.result);
+  const auto& r = outcome.result->as_object();
+  // Only the opaque revisions come back, never anything else the host had.
+  CHECK(
+      r.at("resolved") ==
+      json::parse(
+          R"({"toolRevision":"sha256:resolved-weather","settingsRevision":"sha256:settings-weather"})"));
+  CHECK(r.at("missing") ==
+        json::parse(R"({"code":"failed","message":"no tool named \"missing\""})"));
+  CHECK(r.at("a") == "sha256:resolved-a");
+  CHECK(r.at("b") == "sha256:resolved-b");
+  CHECK(r.at("tasks") ==
+        json::parse(
+            R"([{"id":"sha256:task-1","drafts":[{"call":"weather","args":{"city":"Oslo"}}]}])"));
+  CHECK(r.at("bad").at("name") == "TypeError");
+  CHECK_THAT(std::string(r.at("bad").at("message").as_string()),
+             Catch::Contains("/f is a function"));
+  CHECK(r.at("badName") == "TypeError");
+  CHECK(f.host.resolved == std::vector<std::string>{"test-tool -> weather", "test-tool -> missing",
+                                                    "test-tool -> a", "test-tool -> b"});
+  REQUIRE(f.host.subtasks.size() == 1);
+  CHECK(f.host.subtasks[0] ==
+        R"(test-tool [{"call":"weather","args":{"city":"Oslo"}}] {"taskId":"sha256:parent"})");
+}
+
+TEST_CASE("a ctx kept in module state rejects in later calls", "[pool][ctx]") {
+  PoolFixture f;
+  json::object subtasks{{"capabilities", json::object{{"subtasks", true}}}};
+  auto tool = makeTool(R"(let saved;
+      export default async (args, ctx) => {
+        if (!saved) { saved = ctx; return 'saved'; }
+        const errors = [];
+        for (const f of [() => saved.resolveInvocation('x'), () => saved.fetch('https://a.example'),
+                         () => saved.storage.get('k'), () => saved.createSubtasksResult([])]) {
+          try { await f(); errors.push('resolved'); } catch (e) { errors.push(e.code); }
+        }
+        // The current ctx still works.
+        const fresh = await ctx.resolveInvocation('y');
+        return {errors, fresh: fresh.toolRevision, same: saved.tool.revision === ctx.tool.revision};
+      })",
+                       subtasks);
+  REQUIRE(*f.call(tool).result == "saved");
+  auto outcome = f.call(tool);
+  INFO(describe(outcome));
+  REQUIRE(outcome.result);
+  CHECK(
+      *outcome.result ==
+      json::parse(
+          R"({"errors":["call-ended","call-ended","call-ended","call-ended"],"fresh":"sha256:resolved-y","same":true})"));
+  CHECK(f.host.resolved == std::vector<std::string>{"test-tool -> y"});
+}
+
+TEST_CASE("console output is collected per call and bounded", "[pool][console]") {
+  RuntimeConfig config = testConfig();
+  config.maxLogBytes = 1024;
+  PoolFixture f(config);
+  auto tool = makeTool(R"(console.log('loading');
+      export default (args) => {
+        console.log('hello', 42, {a: [1, 'two']}, null, undefined, true);
+        console.info('info'); console.warn('warn'); console.error(new Error('boom').message); console.debug(10n);
+        if (args.flood) for (let i = 0; i < 1000; i++) console.log('line', i);
+        return 'done';
+      })");
+  auto first = f.call(tool);
+  REQUIRE(first.result);
+  CHECK(first.logs ==
+        "[log] loading\n"
+        "[log] hello 42 {\"a\":[1,\"two\"]} null undefined true\n"
+        "[info] info\n[warn] warn\n[error] boom\n[debug] 10n\n");
+  auto second = f.call(tool);  // module already loaded: no "loading"
+  CHECK_THAT(second.logs, Catch::StartsWith("[log] hello"));
+  auto flood = f.call(tool, {{"flood", true}});
+  REQUIRE(flood.result);
+  CHECK(flood.logs.size() < 1200);
+  CHECK_THAT(flood.logs,
+             Catch::EndsWith("[truncated] console output past 1024 bytes was dropped\n"));
+}
+
+TEST_CASE("calls to one revision are serialized; different revisions run in parallel",
+          "[pool][threads]") {
+  PoolFixture f;
+  auto a = makeTool(kBusy, {}, {}, "busy-a");
+  auto b = makeTool(kBusy, {}, {}, "busy-b");
+  SECTION("two revisions overlap") {
+    auto outcomes = callTogether(f.pool, {{a, {{"ms", 300}}, {}}, {b, {{"ms", 300}}, {}}});
+    REQUIRE(outcomes[0].result);
+    REQUIRE(outcomes[1].result);
+    INFO(describe(outcomes[0]) << " / " << describe(outcomes[1]));
+    CHECK(field(outcomes[0], "start") < field(outcomes[1], "end"));
+    CHECK(field(outcomes[1], "start") < field(outcomes[0], "end"));
+  }
+  SECTION("one revision never overlaps itself, and runs its calls in order") {
+    auto outcomes = callTogether(
+        f.pool, {{a, {{"ms", 100}}, {}}, {a, {{"ms", 100}}, {}}, {a, {{"ms", 100}}, {}}});
+    for (auto& outcome : outcomes) REQUIRE(outcome.result);
+    CHECK(field(outcomes[0], "end") <= field(outcomes[1], "start"));
+    CHECK(field(outcomes[1], "end") <= field(outcomes[2], "start"));
+    CHECK(outcomes[0].usage.freshSandbox);
+    CHECK_FALSE(outcomes[1].usage.freshSandbox);
+    CHECK_FALSE(outcomes[2].usage.freshSandbox);
+  }
+}
+
+TEST_CASE("a cancelled call ends promptly with cancelled and its sandbox is discarded",
+          "[pool][cancel]") {
+  PoolFixture f;
+  auto tool = makeTool(
+      "let calls = 0; export default (args) => { calls++; if (args.spin) for (;;) {} return calls; "
+      "}",
+      limits({{"wallMs", 30000}, {"cpuMs", 30000}}));
+  REQUIRE(*f.call(tool).result == 1);
+  SECTION("while its JavaScript runs") {
+    boost::asio::io_context io;
+    boost::asio::cancellation_signal signal;
+    std::optional<CallOutcome> out;
+    json::object args{{"spin", true}};
+    boost::asio::co_spawn(io, f.pool.call(tool, args, {}),
+                          boost::asio::bind_cancellation_slot(
+                              signal.slot(), [&](std::exception_ptr, CallOutcome outcome) {
+                                out = std::move(outcome);
+                              }));
+    boost::asio::steady_timer timer(io, milliseconds(200));
+    auto cancelledAt = std::chrono::steady_clock::now();
+    timer.async_wait([&](boost::system::error_code) {
+      cancelledAt = std::chrono::steady_clock::now();
+      signal.emit(boost::asio::cancellation_type::terminal);
+    });
+    io.run();
+    auto lag = std::chrono::steady_clock::now() - cancelledAt;
+    REQUIRE(out);
+    INFO(describe(*out));
+    REQUIRE(errc(*out) == CallErrc::cancelled);
+    CHECK(out->result.error().detail == "the caller cancelled the call");
+    CHECK(lag < milliseconds(1000));
+    auto next = f.call(tool);  // the sandbox was discarded: the counter starts again
+    CHECK(*next.result == 1);
+    CHECK(next.usage.freshSandbox);
+  }
+  SECTION("while it waits for the sandbox behind another call") {
+    boost::asio::io_context io;
+    boost::asio::cancellation_signal signal;
+    std::optional<CallOutcome> first, second;
+    json::object busy{{"spin", true}}, quick;
+    boost::asio::co_spawn(
+        io, f.pool.call(tool, busy, {}),
+        [&](std::exception_ptr, CallOutcome outcome) { first = std::move(outcome); });
+    boost::asio::co_spawn(io, f.pool.call(tool, quick, {}),
+                          boost::asio::bind_cancellation_slot(
+                              signal.slot(), [&](std::exception_ptr, CallOutcome outcome) {
+                                second = std::move(outcome);
+                              }));
+    boost::asio::steady_timer timer(io, milliseconds(150));
+    timer.async_wait([&](boost::system::error_code) {
+      signal.emit(boost::asio::cancellation_type::terminal);
+      CHECK(f.pool.terminate(tool->revision));  // then end the spinning one as an admin
+    });
+    io.run();
+    REQUIRE(second);
+    REQUIRE(first);
+    INFO(describe(*first) << " / " << describe(*second));
+    CHECK(errc(*second) == CallErrc::cancelled);
+    CHECK(errc(*first) == CallErrc::cancelled);
+    CHECK(first->result.error().detail == "the sandbox was terminated by an administrator");
+  }
+  SECTION("a partial (non-terminal) cancellation is ignored") {
+    auto slow = makeTool(kBusy);
+    boost::asio::io_context io;
+    boost::asio::cancellation_signal signal;
+    std::optional<CallOutcome> out;
+    json::object args{{"ms", 200}};
+    boost::asio::co_spawn(io, f.pool.call(slow, args, {}),
+                          boost::asio::bind_cancellation_slot(
+                              signal.slot(), [&](std::exception_ptr, CallOutcome outcome) {
+                                out = std::move(outcome);
+                              }));
+    boost::asio::steady_timer timer(io, milliseconds(50));
+    timer.async_wait(
+        [&](boost::system::error_code) { signal.emit(boost::asio::cancellation_type::partial); });
+    io.run();
+    REQUIRE(out);
+    INFO(describe(*out));
+    CHECK(out->result);
+  }
+}
+
+TEST_CASE("idle sandboxes are evicted by count and by memory budget", "[pool][evict]") {
+  SECTION("by count, least recently used first") {
+    RuntimeConfig config = testConfig();
+    config.maxRetained = 2;
+    PoolFixture f(config);
+    auto a = makeTool("export default () => 'a'", {}, {}, "tool-a");
+    auto b = makeTool("export default () => 'b'", {}, {}, "tool-b");
+    auto c = makeTool("export default () => 'c'", {}, {}, "tool-c");
+    f.call(a);
+    f.call(b);
+    f.call(a);  // b is now least recently used
+    f.call(c);
+    auto list = f.pool.list();
+    REQUIRE(list.size() == 2);
+    CHECK(list[0].revision == a->revision);
+    CHECK(list[1].revision == c->revision);
+    CHECK(f.call(b).usage.freshSandbox);
+  }
+  SECTION("by memory budget") {
+    const char* heavy =
+        "globalThis.keep = new Array(1000000).fill(1.5); export default () => keep.length;";
+    auto a = makeTool(heavy, {}, {}, "heavy-a");
+    auto b = makeTool(heavy, {}, {}, "heavy-b");
+    auto small = makeTool("export default () => 1", {}, {}, "small");
+    // Measure what each holds, then give a pool room for one heavy and one small sandbox only.
+    std::uint64_t heavyBytes = 0, smallBytes = 0;
+    {
+      PoolFixture measure;
+      REQUIRE(measure.call(a).result);
+      REQUIRE(measure.call(small).result);
+      for (const auto& info : measure.pool.list()) {
+        (info.name == "small" ? smallBytes : heavyBytes) = info.heapBytes;
+      }
+    }
+    INFO("heavy " << heavyBytes << ", small " << smallBytes);
+    REQUIRE(heavyBytes > 8u * 1024 * 1024);
+    REQUIRE(smallBytes < heavyBytes / 4);
+    RuntimeConfig config = testConfig();
+    config.memoryBudgetMb = (heavyBytes + smallBytes + heavyBytes / 2) / (1024 * 1024);
+    PoolFixture f(config);
+    REQUIRE(f.call(a).result);
+    REQUIRE(f.call(small).result);
+    CHECK(f.pool.list().size() == 2);
+    REQUIRE(f.call(b).result);
+    std::vector<std::string> names;
+    for (const auto& info : f.pool.list()) names.push_back(info.name);
+    CHECK(names == std::vector<std::string>{"small", "heavy-b"});
+  }
+}
+
+TEST_CASE("discard and terminate end a revision's sandbox", "[pool]") {
+  PoolFixture f;
+  auto tool = makeTool("let calls = 0; export default () => ++calls;");
+  CHECK(*f.call(tool).result == 1);
+  CHECK(*f.call(tool).result == 2);
+  f.pool.discard(tool->revision);  // the binding moved
+  CHECK(f.pool.list().empty());
+  CHECK(*f.call(tool).result == 1);
+  CHECK(f.pool.terminate(tool->revision));
+  CHECK_FALSE(f.pool.terminate(tool->revision));
+  CHECK_FALSE(f.pool.terminate("sha256:unknown"));
+  f.pool.discard("sha256:unknown");
+  CHECK(*f.call(tool).result == 1);
+  SECTION("a discard while a call runs lets it finish, then drops the sandbox") {
+    auto slow = makeTool(
+        "let calls = 0; export default (args) => { const end = Date.now() + args.ms; while "
+        "(Date.now() < end) {} return ++calls; }");
+    boost::asio::io_context io;
+    std::optional<CallOutcome> out;
+    json::object args{{"ms", 200}};
+    boost::asio::co_spawn(
+        io, f.pool.call(slow, args, {}),
+        [&](std::exception_ptr, CallOutcome outcome) { out = std::move(outcome); });
+    boost::asio::steady_timer timer(io, milliseconds(50));
+    timer.async_wait([&](boost::system::error_code) { f.pool.discard(slow->revision); });
+    io.run();
+    REQUIRE(out);
+    REQUIRE(out->result);
+    CHECK(*out->result == 1);
+    CHECK(*f.call(slow, {{"ms", 0}}).result == 1);
+  }
+}
+
+TEST_CASE("limits: the manifest's, tightened by the request, capped by the daemon",
+          "[pool][limits]") {
+  PoolFixture f;
+  auto tool = makeTool("export default () => 'ok'", limits({{"wallMs", 1000}, {"heapMb", 24}}));
+  SECTION("a looser request is refused") {
+    CallOptions options;
+    options.limits.wallMs = 2000;
+    auto outcome = f.call(tool, {}, options);
+    REQUIRE(errc(outcome) == CallErrc::invalidLimits);
+    CHECK(outcome.result.error().detail ==
+          "limits.wallMs: 2000 is looser than the tool's 1000; a call may only tighten a tool's "
+          "limits");
+    options.limits.wallMs = 0;
+    CHECK(errc(f.call(tool, {}, options)) == CallErrc::invalidLimits);
+  }
+  SECTION("a tighter request applies to that call") {
+    auto spin = makeTool("export default () => { for (;;) {} }", limits({{"wallMs", 5000}}));
+    CallOptions options;
+    options.limits.wallMs = 100;
+    auto outcome = f.call(spin, {}, options);
+    CHECK(errc(outcome) == CallErrc::timeout);
+    CHECK(outcome.usage.wallMs < 2000);
+  }
+  SECTION("a tighter heap runs in a sandbox of its own") {
+    auto counter =
+        makeTool("let calls = 0; export default () => ++calls;", limits({{"heapMb", 24}}));
+    CHECK(*f.call(counter).result == 1);
+    CallOptions options;
+    options.limits.heapMb = 8;
+    auto tight = f.call(counter, {}, options);
+    CHECK(*tight.result == 1);
+    CHECK(tight.usage.freshSandbox);
+    CHECK(*f.call(counter).result == 2);
+  }
+  SECTION("the daemon's caps bound every manifest") {
+    RuntimeConfig config = testConfig();
+    config.caps.wallMs = 200;
+    PoolFixture capped(config);
+    auto spin = makeTool("export default () => { for (;;) {} }", limits({{"wallMs", 3600000}}));
+    auto outcome = capped.call(spin);
+    CHECK(errc(outcome) == CallErrc::timeout);
+    CHECK_THAT(outcome.result.error().detail, Catch::Contains("200 ms"));
+  }
+}
+
+TEST_CASE("what the pool refuses to run", "[pool]") {
+  PoolFixture f;
+  SECTION("not sandboxed code") {
+    auto native = makeTool("export default () => 1");
+    auto copy = std::make_shared<toolhost::registry::ToolRevision>(*native);
+    copy->executionClass = toolhost::registry::ExecutionClass::trustedNative;
+    CHECK(errc(f.call(copy)) == CallErrc::notRunnable);
+  }
+  SECTION("too many calls waiting for one sandbox") {
+    RuntimeConfig config = testConfig();
+    config.maxQueuedPerSandbox = 2;
+    PoolFixture small(config);
+    auto tool = makeTool(kBusy);
+    auto outcomes = callTogether(
+        small.pool, {{tool, {{"ms", 50}}, {}}, {tool, {{"ms", 0}}, {}}, {tool, {{"ms", 0}}, {}}});
+    CHECK(outcomes[0].result);
+    CHECK(outcomes[1].result);
+    CHECK(errc(outcomes[2]) == CallErrc::overloaded);
+  }
+}
+
+TEST_CASE("the pool shuts down with calls in flight", "[pool]") {
+  v8Platform();
+  FakeHost host;
+  boost::asio::io_context io;
+  std::optional<CallOutcome> out;
+  auto spin = makeTool("export default () => { for (;;) {} }");
+  json::object args;
+  {
+    SandboxPool pool(testConfig(), host);
+    boost::asio::co_spawn(
+        io, pool.call(spin, args, {}),
+        [&](std::exception_ptr, CallOutcome outcome) { out = std::move(outcome); });
+    io.run_for(milliseconds(100));  // the call is now spinning on a worker
+  }                                 // the destructor cancels it and joins the workers
+  io.restart();
+  io.run();
+  REQUIRE(out);
+  CHECK(errc(*out) == CallErrc::cancelled);
+  CHECK(out->result.error().detail == "the runtime is shutting down");
+}
+
+TEST_CASE("host operations: a call waits for those it started, and their wait is bounded",
+          "[pool][ctx]") {
+  PoolFixture f;
+  json::object subtasks{{"capabilities", json::object{{"subtasks", true}}}};
+  SECTION("an operation the tool did not await still finishes before the call ends") {
+    auto tool =
+        makeTool("export default (args, ctx) => { ctx.resolveInvocation('late'); return 'done'; }",
+                 subtasks);
+    auto outcome = f.call(tool);
+    REQUIRE(outcome.result);
+    CHECK(*outcome.result == "done");
+    CHECK(f.host.resolved == std::vector<std::string>{"test-tool -> late"});
+  }
+  SECTION("an endless chain of operations ends at the wall-clock limit") {
+    auto tool = makeTool(
+        "export default async (args, ctx) => { for (;;) await ctx.resolveInvocation('again'); }",
+        json::object{{"capabilities", json::object{{"subtasks", true}}},
+                     {"limits", json::object{{"wallMs", 300}}}});
+    auto outcome = f.call(tool);
+    INFO(describe(outcome));
+    CHECK((errc(outcome) == CallErrc::timeout || errc(outcome) == CallErrc::cpuLimit));
+    CHECK(outcome.usage.wallMs < 3000);
+    CHECK(f.host.resolved.size() > 10);
+  }
+  SECTION("a cancel reaches a call between its segments") {
+    auto tool = makeTool(
+        "export default async (args, ctx) => { for (;;) await ctx.resolveInvocation('again'); }",
+        subtasks);
+    auto outcome = callAndCancel(f.pool, tool, milliseconds(100));
+    INFO(describe(outcome));
+    CHECK(errc(outcome) == CallErrc::cancelled);
+  }
+}
+
+// Not a test of behaviour: prints what a sandbox costs (run with "[.perf]").
+TEST_CASE("what calls cost", "[.perf]") {
+  PoolFixture f;
+  auto tool = makeTool("let n = 0; export default (args) => ({n: ++n, echo: args})");
+  auto time = [](auto&& fn, int times) {
+    auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < times; ++i) fn();
+    return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start)
+               .count() /
+           times;
+  };
+  REQUIRE(f.call(tool).result);
+  const double warm = time([&] { REQUIRE(f.call(tool, {{"x", 1}}).result); }, 500);
+  const double fresh = time([&] { REQUIRE(f.call(tool, {{"x", 1}}, disposable()).result); }, 50);
+  std::printf(
+      "warm retained call: %.0f us; disposable call (new isolate + context + module): %.0f us\n",
+      warm, fresh);
+}

@@ -1,0 +1,93 @@
+// The watchdog stops exactly the segment it was armed for: by wall clock, by thread CPU time, or
+// on request, and never after that segment was disarmed.
+#include "runtime/watchdog.h"
+#include "tests/runtime/runtime_test_support.h"
+
+#include <v8.h>
+#include <catch2/catch.hpp>
+
+#include <pthread.h>
+
+#include <memory>
+#include <thread>
+
+using namespace toolhost::runtime;
+using namespace std::chrono_literals;
+
+namespace {
+
+struct RawIsolate {
+  RawIsolate() {
+    testing::v8Platform();
+    v8::Isolate::CreateParams params;
+    params.array_buffer_allocator = allocator.get();
+    isolate = v8::Isolate::New(params);
+  }
+  ~RawIsolate() { isolate->Dispose(); }
+  std::unique_ptr<v8::ArrayBuffer::Allocator> allocator{
+      v8::ArrayBuffer::Allocator::NewDefaultAllocator()};
+  v8::Isolate* isolate;
+};
+
+clockid_t thisThreadClock() {
+  clockid_t clock{};
+  pthread_getcpuclockid(pthread_self(), &clock);
+  return clock;
+}
+
+Kill killOf(const std::atomic<int>& slot) { return static_cast<Kill>(slot.load()); }
+
+}  // namespace
+
+TEST_CASE("the watchdog kills only the segment it was armed for", "[watchdog]") {
+  RawIsolate raw;
+  Watchdog watchdog;
+  std::atomic<int> kill{0};
+  const auto clock = thisThreadClock();
+  const auto farCpu = Watchdog::cpuNowNs(clock) + std::int64_t{3600} * 1'000'000'000;
+  auto arm = [&](auto wallIn, std::int64_t cpuDeadline) {
+    return Watchdog::Arm{raw.isolate, &kill, Watchdog::Clock::now() + wallIn, clock, cpuDeadline};
+  };
+
+  SECTION("disarmed before its deadline, it never fires") {
+    watchdog.arm(1, arm(30ms, farCpu));
+    watchdog.disarm(1);
+    std::this_thread::sleep_for(80ms);
+    CHECK(killOf(kill) == Kill::none);
+  }
+  SECTION("a kill for another epoch does nothing; one for its own stops it") {
+    watchdog.arm(2, arm(10s, farCpu));
+    watchdog.kill(3, Kill::cancelled);
+    CHECK(killOf(kill) == Kill::none);
+    watchdog.kill(2, Kill::cancelled);
+    CHECK(killOf(kill) == Kill::cancelled);
+    watchdog.kill(2, Kill::timeout);  // already fired and removed: nothing more
+    CHECK(killOf(kill) == Kill::cancelled);
+    watchdog.disarm(2);
+  }
+  SECTION("the wall-clock deadline fires once") {
+    watchdog.arm(4, arm(20ms, farCpu));
+    std::this_thread::sleep_for(150ms);
+    CHECK(killOf(kill) == Kill::timeout);
+    watchdog.disarm(4);
+  }
+  SECTION("the CPU deadline of the armed thread fires, not its wall clock") {
+    watchdog.arm(5, arm(10s, Watchdog::cpuNowNs(clock) + 30'000'000));
+    const auto start = Watchdog::Clock::now();
+    while (killOf(kill) == Kill::none && Watchdog::Clock::now() - start < 5s) {
+    }  // burn this thread's CPU
+    CHECK(killOf(kill) == Kill::cpuLimit);
+    watchdog.disarm(5);
+  }
+  SECTION("the first reason wins") {
+    recordKill(kill, Kill::memoryLimit);
+    watchdog.arm(6, arm(0ms, farCpu));
+    std::this_thread::sleep_for(50ms);
+    CHECK(killOf(kill) == Kill::memoryLimit);
+    watchdog.disarm(6);
+  }
+  {
+    v8::Locker locker(raw.isolate);
+    raw.isolate->CancelTerminateExecution();
+  }
+}

@@ -3,6 +3,7 @@
 
 #include "cli/approve.h"
 #include "cli/client.h"
+#include "cli/popup_host.h"
 #include "protocol/json_parse.h"
 #include "protocol/json_text.h"
 #include "protocol/socket_path.h"
@@ -141,6 +142,11 @@ int main(int argc, char** argv) {
       "be asked about each undecided request (tool, target, read/write) and answer it; "
       "answers are read from stdin line by line");
 
+  auto* popupHost = app.add_subcommand(
+      "popup-host",
+      "be the host that opens tools' popups: prints each popup.open and popup.close as a JSON "
+      "line, and sends each stdin line ({popupId, result} or {popupId, error}) as popup.result");
+
   // policy list|set|revoke|reset|check: thin wrappers over the policy.* methods.
   auto* policy = app.add_subcommand("policy", "decisions: list, set ahead, revoke, reset, check");
   policy->require_subcommand(1);
@@ -197,6 +203,7 @@ int main(int argc, char** argv) {
   if (*health) return callAndPrint(socket, "daemon.health", nullptr, asPretty, timeout);
   if (*discover) return callAndPrint(socket, "rpc.discover", nullptr, asPretty, timeout);
   if (*approve) return cli::runApprove(socket);
+  if (*popupHost) return cli::runPopupHost(socket);
   if (*policy) {
     json::object key{
         {"toolRevision", revision}, {"action", action}, {"target", target}, {"access", access}};

@@ -1,15 +1,283 @@
 #include "daemon/capability_host.h"
 
+#include "registry/manifest.h"
+
+#include <spdlog/spdlog.h>
+#include <boost/asio/bind_cancellation_slot.hpp>
+#include <boost/asio/cancellation_signal.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/strand.hpp>
+#include <boost/asio/this_coro.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/system/system_error.hpp>
+
+#include <chrono>
+#include <exception>
+#include <functional>
+
 namespace toolhost::daemon {
+namespace asio = boost::asio;
 namespace json = boost::json;
+using Clock = std::chrono::steady_clock;
+using runtime::HostOperation;
+using runtime::HostOpFailure;
+
+namespace {
+
+// The most HTML a custom-html popup may carry; it travels to the host in one JSON-RPC line.
+constexpr std::size_t kMaxPopupHtmlBytes = std::size_t{1} << 20;
+
+std::chrono::milliseconds since(Clock::time_point start) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
+}
+
+std::string actionWords(const policy::DecisionKey& key) {
+  return key.action + " " + key.target + " (" + std::string(policy::accessClassName(key.access)) +
+         ")";
+}
+
+// Why a request was not authorized, in words a tool author can act on.
+HostOpFailure notAuthorized(const policy::Decision& decision, const policy::DecisionKey& key,
+                            const std::string& toolName) {
+  using policy::DecisionSource;
+  switch (decision.source) {
+    case DecisionSource::notRequested:
+      if (key.action == policy::kActionPopup) {
+        return {"not-authorized", "the manifest of " + toolName + " does not request the popup " +
+                                      key.target + ": add \"" + key.target +
+                                      "\" to capabilities.popup and install the new revision"};
+      }
+      return {"not-authorized", "the manifest of " + toolName + " does not request " +
+                                    actionWords(key) + ": add {\"origin\": \"" + key.target +
+                                    "\", \"access\": [\"" +
+                                    std::string(policy::accessClassName(key.access)) +
+                                    "\"]} to capabilities.fetch and install the new revision"};
+    case DecisionSource::noApprover:
+      return {"not-authorized", actionWords(key) +
+                                    " needs approval and no approver is connected; ask the user "
+                                    "to run toolhostctl approve, or an admin to decide ahead "
+                                    "with policy.set"};
+    case DecisionSource::timeout:
+      return {"not-authorized", actionWords(key) + " was not approved: " + decision.reason +
+                                    "; ask the user to answer the prompt, then try again"};
+    default:
+      return {"not-authorized", actionWords(key) + " was denied: " + decision.reason};
+  }
+}
+
+HostOpFailure cancelledFailure() {
+  return {"cancelled", "the call ended before the operation finished; it was aborted"};
+}
+
+// Runs `work` on a strand of its own; the call's end (onAbort) emits terminal cancellation on
+// that strand (a cancellation_signal is not thread-safe). An exception escaping `work` is a bug:
+// logged, and the operation fails.
+void spawnOperation(const asio::any_io_executor& executor, asio::awaitable<void> work,
+                    std::shared_ptr<HostOperation> operation, std::string what,
+                    std::function<void()> onAbortOnStrand = {}) {
+  auto strand = asio::make_strand(executor);
+  // Both touched on the strand only. The signal owns the coroutine's cancellation state, which
+  // the coroutine touches until its very end: the handler lets it go only in a later handler on
+  // the strand, and an abort after the end emits nothing.
+  auto signal = std::make_shared<asio::cancellation_signal>();
+  auto finished = std::make_shared<bool>(false);
+  asio::co_spawn(
+      strand, std::move(work),
+      asio::bind_cancellation_slot(
+          signal->slot(), [signal, finished, strand, operation, what](std::exception_ptr failure) {
+            *finished = true;
+            asio::post(strand, [signal] {});
+            if (!failure) return;
+            try {
+              std::rethrow_exception(failure);
+            } catch (const std::exception& error) {
+              spdlog::error("{} failed: {}", what, error.what());
+            }
+            operation->complete(HostOpFailure{"internal", "the daemon failed while serving " +
+                                                              what + "; its log has the details"});
+          }));
+  // Registered after co_spawn, so the slot's handler is in place before any emit is posted.
+  operation->onAbort([strand, signal, finished, onAbortOnStrand = std::move(onAbortOnStrand)] {
+    asio::post(strand, [signal, finished, onAbortOnStrand] {
+      if (onAbortOnStrand) onAbortOnStrand();
+      if (!*finished) signal->emit(asio::cancellation_type::terminal);
+    });
+  });
+}
+
+// Asks the broker, pausing the tool's wall clock while a person is likely to be asked.
+// Terminal cancellation makes it a denial with source cancelled.
+asio::awaitable<policy::Decision> authorize(MediationServices services,
+                                            policy::AuthorizationRequest request,
+                                            std::shared_ptr<HostOperation> operation,
+                                            bool pauseWallClock) {
+  const bool pause = pauseWallClock && mayPrompt(services, request.key, request.manifestRequests);
+  if (pause) operation->pauseWallClock();
+  policy::Decision decision;
+  try {
+    decision = co_await services.approvals.authorize(std::move(request),
+                                                     services.configs.current()->promptTimeout);
+  } catch (const boost::system::system_error&) {
+    decision = policy::Decision{};
+    decision.source = policy::DecisionSource::cancelled;
+    decision.reason = "cancelled";
+  }
+  if (pause) operation->resumeWallClock();
+  co_return decision;
+}
+
+// ---------------------------------------------------------------------------------------------
+// fetch
+
+struct FetchJob {
+  MediationServices services;
+  std::string toolName;
+  policy::DecisionKey key;
+  bool requested = false;
+  std::optional<std::string> privateRange;
+  policy::HttpRequest request;
+  std::string url;  // origin + path and query, as fetched: the reply's url
+  std::shared_ptr<HostOperation> operation;
+};
+
+json::value replyOf(policy::HttpResponse& response, const std::string& url) {
+  json::array headers;
+  headers.reserve(response.headers.size());
+  for (auto& [name, value] : response.headers) headers.push_back(json::array{name, value});
+  return json::object{{"status", response.status},
+                      {"statusText", response.statusText},
+                      {"url", url},
+                      {"headers", std::move(headers)},
+                      {"bodyBase64", base64Encode(response.body)}};
+}
+
+asio::awaitable<void> runFetch(FetchJob job) {
+  HostOperation& operation = *job.operation;
+  const std::string& path = job.request.destination.pathAndQuery;
+  policy::AuthorizationRequest ask;
+  ask.key = job.key;
+  ask.toolName = job.toolName;
+  ask.manifestRequests = job.requested;
+  ask.privateRange = job.privateRange;
+  // The path without the query (queries carry keys more often than paths do), cut short.
+  ask.detail =
+      job.request.method + " " + path.substr(0, std::min<std::size_t>(path.find('?'), 200));
+  auto decision = co_await authorize(job.services, std::move(ask), job.operation, true);
+  if (decision.source == policy::DecisionSource::cancelled) {
+    operation.complete(cancelledFailure());
+    co_return;
+  }
+  if (!decision.allowed()) {
+    operation.complete(notAuthorized(decision, job.key, job.toolName));
+    co_return;
+  }
+
+  RequestRecord record{job.key, job.toolName, decision.scope, job.request.method, "", {}, {}, {}};
+  const auto limits = fetchLimits(*job.services.configs.current());
+  const auto started = Clock::now();
+  auto result = co_await job.services.http.fetch(std::move(job.request), limits);
+  record.duration = since(started);
+  if (!result) {
+    record.outcome = std::string(policy::errorCode(result.error().code));
+    auditRequest(job.services.audit, record);
+    operation.complete(HostOpFailure{record.outcome, std::move(result.error().message)});
+    co_return;
+  }
+  record.outcome = "ok";
+  record.status = static_cast<int>(result->status);
+  record.bytes = result->body.size();
+  auditRequest(job.services.audit, record);
+  operation.complete(replyOf(*result, job.url));
+}
+
+// The runtime builds the request; a shape it should never send is refused with these words.
+HostOpFailure malformed(std::string_view what) {
+  return {"internal", "the runtime passed a malformed fetch request (" + std::string(what) + ")"};
+}
+
+// ---------------------------------------------------------------------------------------------
+// popup
+
+struct PopupJob {
+  MediationServices services;
+  PopupHosts* popups = nullptr;
+  std::string toolName;
+  policy::DecisionKey key;
+  bool requested = false;
+  json::object params;  // of popup.open, without the popupId
+  std::shared_ptr<HostOperation> operation;
+  // Touched only on the operation's strand.
+  struct State {
+    bool aborted = false;
+    std::optional<std::string> popupId;
+  };
+  std::shared_ptr<State> state;
+};
+
+asio::awaitable<void> runPopup(PopupJob job) {
+  HostOperation& operation = *job.operation;
+  // A person is asked from here on (the prompt, then the popup): the wall clock stops.
+  operation.pauseWallClock();
+  if (job.requested && job.popups->hostCount() == 0) {
+    auditRefusal(job.services.audit, job.key.toolRevision, job.toolName, job.key.action,
+                 job.key.target, job.key.access, "no-popup-host");
+    operation.resumeWallClock();
+    operation.complete(HostOpFailure{
+        "no-popup-host",
+        "no client has called popup.subscribe: the daemon never opens windows itself, and no "
+        "popup host (such as a desktop integration) is connected to show this popup"});
+    co_return;
+  }
+  policy::AuthorizationRequest ask;
+  ask.key = job.key;
+  ask.toolName = job.toolName;
+  ask.manifestRequests = job.requested;
+  ask.detail = job.key.target == "custom-html" ? "a popup with the tool's own HTML"
+                                               : "a popup showing " + job.key.target;
+  auto decision = co_await authorize(job.services, std::move(ask), job.operation, false);
+  if (decision.source == policy::DecisionSource::cancelled || job.state->aborted) {
+    operation.resumeWallClock();
+    operation.complete(cancelledFailure());
+    co_return;
+  }
+  if (!decision.allowed()) {
+    operation.resumeWallClock();
+    operation.complete(notAuthorized(decision, job.key, job.toolName));
+    co_return;
+  }
+  RequestRecord record{job.key, job.toolName, decision.scope, "", "", {}, {}, {}};
+  const auto started = Clock::now();
+  auto done = [operation = job.operation, audit = &job.services.audit, record,
+               started](runtime::HostOpResult result) mutable {
+    record.duration = since(started);
+    record.outcome = result ? "answered" : result.error().code;
+    auditRequest(*audit, record);
+    operation->resumeWallClock();
+    operation->complete(std::move(result));
+  };
+  auto popupId = job.popups->open(std::move(job.params), done);
+  if (!popupId) {
+    operation.resumeWallClock();
+    operation.complete(
+        HostOpFailure{"no-popup-host",
+                      "no client has called popup.subscribe (the last popup host left while "
+                      "the popup was being authorized); try again once a host is connected"});
+    co_return;
+  }
+  job.state->popupId = *popupId;
+  if (job.state->aborted) job.popups->close(*popupId);
+}
+
+}  // namespace
 
 boost::system::result<json::object, std::string> DaemonCapabilityHost::resolveInvocation(
     const registry::ToolRevision&, const std::string& name) {
-  auto tool = registry_.getActive(name);
+  auto tool = services_.registry.getActive(name);
   if (!tool) return std::string("no active tool named ") + name.substr(0, 80);
   // Only opaque identities: no manifest, no settings values.
   json::object answer{{"toolRevision", (*tool)->revision}};
-  if (auto settings = registry_.trySettingsRevision(name, (*tool)->revision)) {
+  if (auto settings = services_.registry.trySettingsRevision(name, (*tool)->revision)) {
     answer["settingsRevision"] = *settings;
   }
   return answer;
@@ -22,9 +290,185 @@ boost::system::result<json::array, std::string> DaemonCapabilityHost::createSubt
   if (const auto* task = invocation.if_contains("taskId"); task && task->is_string()) {
     parentId = std::string(task->get_string());
   }
-  auto compiled = tasks_.compile(drafts.as_array(), parentId);
+  auto compiled = services_.tasks.compile(drafts.as_array(), parentId);
   if (!compiled) return compiled.error().detail;
   return std::move(*compiled);
+}
+
+void DaemonCapabilityHost::startOperation(const registry::ToolRevision& caller,
+                                          const json::object& invocation, const std::string& kind,
+                                          json::value request,
+                                          std::shared_ptr<HostOperation> operation) {
+  try {
+    if (kind == "fetch") return startFetch(caller, request, operation);
+    if (kind == "popup") return startPopup(caller, request, operation);
+  } catch (const std::exception& error) {
+    spdlog::error("{} of {} ({}) failed to start: {}", kind, caller.name, caller.revision,
+                  error.what());
+    operation->complete(HostOpFailure{
+        "internal", "the daemon failed to start " + kind + "; its log has the details"});
+    return;
+  }
+  // storage and secrets come with their own issue.
+  runtime::CapabilityHost::startOperation(caller, invocation, kind, std::move(request),
+                                          std::move(operation));
+}
+
+void DaemonCapabilityHost::startFetch(const registry::ToolRevision& caller,
+                                      const json::value& request,
+                                      std::shared_ptr<HostOperation> operation) {
+  MediationServices& mediation = services_.mediation;
+  const json::object* fields = request.if_object();
+  if (fields == nullptr) return operation->complete(malformed("not an object"));
+  const json::value* url = fields->if_contains("url");
+  const json::value* method = fields->if_contains("method");
+  if (url == nullptr || !url->is_string()) return operation->complete(malformed("url"));
+  if (method != nullptr && !method->is_string()) return operation->complete(malformed("method"));
+
+  // Checks 1-3: the URL as browsers parse it, https only, no credentials, no blocked literal.
+  auto destination = policy::parseDestination(url->get_string(), mediation.http.rules());
+  if (!destination) {
+    const std::string code(policy::errorCode(destination.error().code));
+    std::string message = std::move(destination.error().message);
+    if (destination.error().code == policy::DestinationErrc::credentialsInUrl) {
+      // The parser quotes the authority, which holds the credentials: never hand them back.
+      message =
+          "URLs must not carry a user name or password (the part before '@'). Remove it; fetch "
+          "sends no credentials taken from URLs.";
+    }
+    auditRefusal(mediation.audit, caller.revision, caller.name, policy::kActionFetch, "",
+                 std::nullopt, code);
+    return operation->complete(HostOpFailure{code, std::move(message)});
+  }
+
+  // Check 4: the access class of the method.
+  policy::HttpRequest http;
+  http.method = policy::normalizeMethod(method != nullptr ? method->get_string() : "GET");
+  http.destination = std::move(*destination);
+  const policy::AccessClass access = policy::accessClassOf(http.method);
+  const std::string origin = http.destination.origin;
+
+  if (const json::value* headers = fields->if_contains("headers")) {
+    if (!headers->is_array()) return operation->complete(malformed("headers"));
+    for (const auto& pair : headers->get_array()) {
+      const json::array* entry = pair.if_array();
+      if (entry == nullptr || entry->size() != 2 || !(*entry)[0].is_string() ||
+          !(*entry)[1].is_string()) {
+        return operation->complete(malformed("headers must be [name, value] pairs"));
+      }
+      http.headers.emplace_back(std::string((*entry)[0].get_string()),
+                                std::string((*entry)[1].get_string()));
+    }
+  }
+  const policy::FetchLimits limits = fetchLimits(*mediation.configs.current());
+  if (const json::value* body = fields->if_contains("bodyBase64")) {
+    if (!body->is_string()) return operation->complete(malformed("bodyBase64"));
+    // Refuse an oversized body before decoding it.
+    if (body->get_string().size() / 4 * 3 > limits.maxRequestBodyBytes + 2) {
+      auditRefusal(mediation.audit, caller.revision, caller.name, policy::kActionFetch, origin,
+                   access, "request-too-large");
+      return operation->complete(HostOpFailure{
+          "request-too-large", "The request body is larger than the limit of " +
+                                   std::to_string(limits.maxRequestBodyBytes) + " bytes."});
+    }
+    auto decoded = base64Decode(body->get_string());
+    if (!decoded) return operation->complete(malformed("bodyBase64 is not base64"));
+    http.body = std::move(*decoded);
+  }
+  // Headers, method and body are checked before anyone is asked: a request that could never be
+  // sent must not cost a person a prompt.
+  if (auto checked = policy::checkRequest(http, limits); !checked) {
+    const std::string code(policy::errorCode(checked.error().code));
+    auditRefusal(mediation.audit, caller.revision, caller.name, policy::kActionFetch, origin,
+                 access, code);
+    return operation->complete(HostOpFailure{code, std::move(checked.error().message)});
+  }
+
+  FetchJob job{
+      mediation,
+      caller.name,
+      policy::DecisionKey{caller.revision, std::string(policy::kActionFetch), origin, access},
+      false,
+      privateRangeText(http.destination),
+      std::move(http),
+      "",
+      operation};
+  job.requested = policy::manifestRequests(caller.manifest, job.key);
+  job.url = origin + job.request.destination.pathAndQuery;
+  spawnOperation(executor_, runFetch(std::move(job)), operation,
+                 "fetch " + origin + " by " + caller.name);
+}
+
+void DaemonCapabilityHost::startPopup(const registry::ToolRevision& caller,
+                                      const json::value& request,
+                                      std::shared_ptr<HostOperation> operation) {
+  MediationServices& mediation = services_.mediation;
+  const json::object* fields = request.if_object();
+  const json::value* kind = fields != nullptr ? fields->if_contains("kind") : nullptr;
+  json::object params{{"tool", json::object{{"name", caller.name}, {"revision", caller.revision}}}};
+  std::string target;
+  if (kind != nullptr && *kind == "custom-html") {
+    const json::value* html = fields->if_contains("html");
+    if (html == nullptr || !html->is_string()) {
+      return operation->complete(
+          HostOpFailure{"invalid-popup", "a custom-html popup needs html: a string"});
+    }
+    if (html->get_string().size() > kMaxPopupHtmlBytes) {
+      return operation->complete(
+          HostOpFailure{"request-too-large", "the popup's html is larger than the limit of " +
+                                                 std::to_string(kMaxPopupHtmlBytes) + " bytes"});
+    }
+    target = "custom-html";
+    params["kind"] = "custom-html";
+    params["html"] = *html;
+  } else if (kind != nullptr && *kind == "origin") {
+    const json::value* url = fields->if_contains("url");
+    if (url == nullptr || !url->is_string()) {
+      return operation->complete(
+          HostOpFailure{"invalid-url", "an origin popup needs url: an https URL"});
+    }
+    auto destination = policy::parseDestination(url->get_string(), mediation.http.rules());
+    if (!destination) {
+      const std::string code(policy::errorCode(destination.error().code));
+      auditRefusal(mediation.audit, caller.revision, caller.name, policy::kActionPopup, "",
+                   policy::AccessClass::read, code);
+      return operation->complete(
+          HostOpFailure{code, destination.error().code == policy::DestinationErrc::credentialsInUrl
+                                  ? "popup URLs must not carry a user name or password; remove them"
+                                  : destination.error().message});
+    }
+    if (!registry::isCanonicalHttpsOrigin(destination->origin)) {
+      return operation->complete(
+          HostOpFailure{"invalid-url",
+                        "the popup URL's origin is not an exact https origin; give an https URL "
+                        "on a host name or address"});
+    }
+    target = destination->origin;
+    params["kind"] = "origin";
+    params["url"] = destination->origin + destination->pathAndQuery;
+  } else {
+    return operation->complete(HostOpFailure{
+        "invalid-popup",
+        "a popup request is {kind: \"custom-html\", html} or {kind: \"origin\", url}"});
+  }
+
+  PopupJob job{mediation,
+               &services_.popups,
+               caller.name,
+               policy::DecisionKey{caller.revision, std::string(policy::kActionPopup), target,
+                                   policy::AccessClass::read},
+               false,
+               std::move(params),
+               operation,
+               std::make_shared<PopupJob::State>()};
+  job.requested = policy::manifestRequests(caller.manifest, job.key);
+  auto state = job.state;
+  PopupHosts* popups = &services_.popups;
+  spawnOperation(executor_, runPopup(std::move(job)), operation,
+                 "popup " + target + " by " + caller.name, [state, popups] {
+                   state->aborted = true;
+                   if (state->popupId) popups->close(*state->popupId);
+                 });
 }
 
 }  // namespace toolhost::daemon

@@ -1,17 +1,36 @@
-// What sandboxed tools may ask of the core (ctx.resolveInvocation, ctx.createSubtasksResult),
-// answered from the registry and the task store. Thread-safe: called on V8 worker threads.
+// What sandboxed tools may ask of the core: the quick requests (ctx.resolveInvocation,
+// ctx.createSubtasksResult) answered from the registry and the task store, and the operations
+// (fetch, popup) mediated by the policy engine.
+// Threads: every member is called on V8 worker threads, concurrently. An operation's checks that
+// need no I/O (URL, destination, method, headers, body) run there, before startOperation()
+// returns; the rest (authorization, the HTTPS exchange, the popup) runs as a coroutine on its own
+// strand of the daemon's io_context.
+// Lifetime: destroy the SandboxPool before this host, and this host before the io_context; the
+// services must outlive the io_context (operations still queued there reference them).
 #pragma once
 
+#include "daemon/mediation.h"
+#include "daemon/popups.h"
 #include "registry/registry.h"
 #include "registry/tasks.h"
 #include "runtime/capability_host.h"
 
+#include <boost/asio/any_io_executor.hpp>
+
 namespace toolhost::daemon {
+
+struct CapabilityServices {
+  registry::Registry& registry;
+  registry::TaskStore& tasks;
+  MediationServices mediation;
+  PopupHosts& popups;
+};
 
 class DaemonCapabilityHost final : public runtime::CapabilityHost {
  public:
-  DaemonCapabilityHost(registry::Registry& registry, registry::TaskStore& tasks)
-      : registry_(registry), tasks_(tasks) {}
+  // `executor`: the daemon's io_context; each operation runs on a strand of its own made from it.
+  DaemonCapabilityHost(CapabilityServices services, boost::asio::any_io_executor executor)
+      : services_(services), executor_(std::move(executor)) {}
 
   boost::system::result<boost::json::object, std::string> resolveInvocation(
       const registry::ToolRevision& caller, const std::string& name) override;
@@ -19,9 +38,27 @@ class DaemonCapabilityHost final : public runtime::CapabilityHost {
       const registry::ToolRevision& caller, const boost::json::value& drafts,
       const boost::json::object& invocation) override;
 
+  // "fetch": request {url, method, headers: [[name, value]...], bodyBase64?}; answers {status,
+  //   statusText, url, headers: [[lowercase name, value]...], bodyBase64}. Checks 1-4 and the
+  //   header and body checks here, then authorization (fetch, origin, access class of the
+  //   method), then the request through the HttpClient. The tool's wall clock pauses while a
+  //   prompt is likely to be shown (see mayPrompt()).
+  // "popup": request {kind: "custom-html", html} or {kind: "origin", url}; answers what the popup
+  //   host returned. Authorization (popup, "custom-html" or the url's exact origin, read), then
+  //   popup.open to a popup host. The wall clock pauses for the whole popup: a person is asked.
+  // Anything else ("storage", "secret", ...): not-authorized.
+  void startOperation(const registry::ToolRevision& caller, const boost::json::object& invocation,
+                      const std::string& kind, boost::json::value request,
+                      std::shared_ptr<runtime::HostOperation> operation) override;
+
  private:
-  registry::Registry& registry_;
-  registry::TaskStore& tasks_;
+  void startFetch(const registry::ToolRevision& caller, const boost::json::value& request,
+                  std::shared_ptr<runtime::HostOperation> operation);
+  void startPopup(const registry::ToolRevision& caller, const boost::json::value& request,
+                  std::shared_ptr<runtime::HostOperation> operation);
+
+  CapabilityServices services_;
+  boost::asio::any_io_executor executor_;
 };
 
 }  // namespace toolhost::daemon

@@ -8,6 +8,7 @@
 
 #include <toml++/toml.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdlib>
 #include <sstream>
@@ -89,6 +90,11 @@ std::optional<ConfigError> readRuntime(const toml::table& table, const std::stri
            readCount(table, file, "runtime", "memory_budget_mb", runtime.memoryBudgetMb, 1, 1 << 20),
            readCount(table, file, "runtime", "max_queued_per_sandbox", runtime.maxQueuedPerSandbox, 1,
                      1000000),
+           readCount(table, file, "runtime", "processes", runtime.processes, 1, 64),
+           readCount(table, file, "runtime", "kill_grace_ms", runtime.killGraceMs, 100, 600000),
+           readCount(table, file, "runtime", "max_restarts", runtime.maxRestarts, 1, 1000),
+           readCount(table, file, "runtime", "restart_window_ms", runtime.restartWindowMs, 1000,
+                     86400000),
            limit("default_wall_ms", runtime.defaults.wallMs, 86400000),
            limit("default_cpu_ms", runtime.defaults.cpuMs, 86400000),
            limit("default_heap_mb", runtime.defaults.heapMb, 65536),
@@ -107,6 +113,67 @@ std::optional<ConfigError> readRuntime(const toml::table& table, const std::stri
   // The worker threads' stacks must hold the deepest JavaScript stack a call may get.
   auto neededMb = static_cast<std::size_t>((*runtime.caps.stackKb + 1023) / 1024 + 2);
   if (runtime.workerStackMb < neededMb) runtime.workerStackMb = neededMb;
+  return std::nullopt;
+}
+
+// [fetch]: opened private ranges, an extra CA file (relative paths are read from the config
+// file's directory) and the limits of one mediated request.
+std::optional<ConfigError> readFetch(const toml::table& table, const std::string& file,
+                                     FetchConfig& fetch) {
+  const toml::node* section = table.get("fetch");
+  if (section == nullptr) return std::nullopt;
+  const toml::table* fields = section->as_table();
+  if (fields == nullptr) return fail(file, where(*section, "fetch") + " must be a table ([fetch])");
+  for (const auto& [key, value] : *fields) {
+    static constexpr std::array<std::string_view, 5> kKeys{
+        "allow_private", "extra_ca_file", "timeout_ms", "max_response_bytes", "max_request_bytes"};
+    if (std::find(kKeys.begin(), kKeys.end(), key.str()) == kKeys.end()) {
+      return fail(file, where(value, "fetch." + std::string(key.str())) +
+                            " is not a known key; use allow_private, extra_ca_file, timeout_ms, "
+                            "max_response_bytes or max_request_bytes");
+    }
+  }
+  if (const toml::node* node = fields->get("allow_private")) {
+    const toml::array* ranges = node->as_array();
+    if (ranges == nullptr) {
+      return fail(file, where(*node, "fetch.allow_private") +
+                            " must be a list of address ranges, such as [\"10.1.2.0/24\"]");
+    }
+    std::size_t index = 0;
+    for (const toml::node& item : *ranges) {
+      const std::string name = "fetch.allow_private[" + std::to_string(index++) + "]";
+      auto text = item.value<std::string>();
+      if (!text) return fail(file, where(item, name) + " must be a string such as \"10.1.2.0/24\"");
+      auto cidr = policy::parseCidr(*text);
+      if (!cidr) return fail(file, where(item, name) + ": " + cidr.error().message);
+      fetch.allowPrivate.push_back(*cidr);
+    }
+  }
+  if (const toml::node* node = fields->get("extra_ca_file")) {
+    auto path = node->value<std::string>();
+    if (!path || path->empty()) {
+      return fail(file, where(*node, "fetch.extra_ca_file") + " must be the path of a PEM file");
+    }
+    fs::path caFile = *path;
+    if (caFile.is_relative()) caFile = fs::path(file).parent_path() / caFile;
+    std::error_code ec;
+    if (!fs::is_regular_file(caFile, ec)) {
+      return fail(file, where(*node, "fetch.extra_ca_file") + ": " + caFile.string() +
+                            " is not a readable file of PEM certificates");
+    }
+    fetch.extraCaFile = caFile;
+  }
+  std::int64_t timeoutMs = fetch.timeout.count();
+  for (auto error : {
+           readCount(table, file, "fetch", "timeout_ms", timeoutMs, 1, 3600000),
+           readCount(table, file, "fetch", "max_response_bytes", fetch.maxResponseBytes, 1,
+                     std::int64_t{1} << 32),
+           readCount(table, file, "fetch", "max_request_bytes", fetch.maxRequestBytes, 0,
+                     std::int64_t{1} << 30),
+       }) {
+    if (error) return error;
+  }
+  fetch.timeout = std::chrono::milliseconds(timeoutMs);
   return std::nullopt;
 }
 
@@ -253,6 +320,7 @@ Result loadConfig(const CommandLine& commandLine) {
     }
     config.promptTimeout = std::chrono::milliseconds(promptTimeoutMs);
     if (auto error = readRuntime(table, file, config.runtime)) return *error;
+    if (auto error = readFetch(table, file, config.fetch)) return *error;
     if (auto level = table["log"]["level"].value<std::string>()) {
       if (!validLogLevel(*level)) {
         return fail(file, "log.level must be trace, debug, info, warn, error, critical or off");
@@ -348,6 +416,16 @@ std::string groupText(const std::optional<gid_t>& gid) {
   return gid ? "gid " + std::to_string(*gid) : "none";
 }
 
+std::string rangesText(const std::vector<policy::Cidr>& ranges) {
+  std::string out = "[";
+  for (const auto& range : ranges) out += (out.size() > 1 ? ", " : "") + range.toString();
+  return out + "]";
+}
+
+std::string optionalPathText(const std::optional<fs::path>& path) {
+  return path ? path->string() : "none";
+}
+
 }  // namespace
 
 ConfigChanges reconcileReload(const Config& running, Config& next) {
@@ -363,6 +441,11 @@ ConfigChanges reconcileReload(const Config& running, Config& next) {
           next.shutdownGrace.count());
   compare(applied, "policy.prompt_timeout_ms", running.promptTimeout.count(),
           next.promptTimeout.count());
+  compare(applied, "fetch.timeout_ms", running.fetch.timeout.count(), next.fetch.timeout.count());
+  compare(applied, "fetch.max_response_bytes", running.fetch.maxResponseBytes,
+          next.fetch.maxResponseBytes);
+  compare(applied, "fetch.max_request_bytes", running.fetch.maxRequestBytes,
+          next.fetch.maxRequestBytes);
   if (!sameRules(running.access, next.access)) {
     applied.push_back("access: " + std::to_string(running.access.rules().size()) + " rule(s) -> " +
                       std::to_string(next.access.rules().size()) + " rule(s)");
@@ -378,6 +461,14 @@ ConfigChanges reconcileReload(const Config& running, Config& next) {
   compare(restart, "store.map_size_mb", running.mapSizeMb, next.mapSizeMb);
   compare(restart, "server.io_threads", running.ioThreads, next.ioThreads);
   compare(restart, "policy.audit_max_entries", running.auditMaxEntries, next.auditMaxEntries);
+  if (running.fetch.allowPrivate != next.fetch.allowPrivate) {
+    restart.push_back("fetch.allow_private: " + rangesText(running.fetch.allowPrivate) + " -> " +
+                      rangesText(next.fetch.allowPrivate));
+  }
+  if (running.fetch.extraCaFile != next.fetch.extraCaFile) {
+    restart.push_back("fetch.extra_ca_file: " + optionalPathText(running.fetch.extraCaFile) +
+                      " -> " + optionalPathText(next.fetch.extraCaFile));
+  }
   if (running.logFormat != next.logFormat) {
     restart.push_back(std::string("log.format: ") + logFormatName(running.logFormat) + " -> " +
                       logFormatName(next.logFormat));
@@ -389,6 +480,8 @@ ConfigChanges reconcileReload(const Config& running, Config& next) {
   next.ioThreads = running.ioThreads;
   next.logFormat = running.logFormat;
   next.auditMaxEntries = running.auditMaxEntries;
+  next.fetch.allowPrivate = running.fetch.allowPrivate;
+  next.fetch.extraCaFile = running.fetch.extraCaFile;
   return changes;
 }
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "daemon/roles.h"
+#include "policy/destination.h"
 #include "protocol/jsonrpc.h"
 #include "runtime/limits.h"
 
@@ -23,6 +24,17 @@ namespace toolhost::daemon {
 
 enum class LogFormat { automatic, text, json };
 
+// [fetch]: the mediated HTTPS requests of sandboxed tools and external-service tools.
+// allowPrivate and extraCaFile shape the HTTPS client, built once at start (a change needs a
+// restart); the limits apply to requests started after a reload.
+struct FetchConfig {
+  std::vector<policy::Cidr> allowPrivate;            // special-purpose ranges opened
+  std::optional<std::filesystem::path> extraCaFile;  // PEM CAs trusted besides the system's
+  std::chrono::milliseconds timeout{30000};          // DNS, connect, TLS, request, response
+  std::size_t maxResponseBytes = std::size_t{16} << 20;
+  std::size_t maxRequestBytes = std::size_t{8} << 20;
+};
+
 struct Config {
   std::filesystem::path socketPath;
   std::optional<gid_t> socketGroup;  // socket mode 0660 with this group, else 0600
@@ -41,6 +53,7 @@ struct Config {
   std::size_t auditMaxEntries = 100000;
   // [runtime]: read at start; a change needs a restart.
   runtime::RuntimeConfig runtime;
+  FetchConfig fetch;
 };
 
 // Values given on the command line; they win over the file.
@@ -92,8 +105,9 @@ struct ConfigChanges {
   std::vector<std::string> needRestart;  // ignored until the daemon restarts
 };
 // Compares the configuration in force with a newly loaded one. Settings only a restart can apply
-// (socket, socket group, state directory, map size, I/O threads, log format) are copied from
-// `running` into `next`, so `next` describes what is really in force once it is swapped in.
+// (socket, socket group, state directory, map size, I/O threads, log format, [fetch]
+// allow_private and extra_ca_file) are copied from `running` into `next`, so `next` describes
+// what is really in force once it is swapped in.
 ConfigChanges reconcileReload(const Config& running, Config& next);
 
 // The longest path a Unix socket address can hold (sun_path minus its terminating NUL).

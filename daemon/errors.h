@@ -23,6 +23,7 @@ inline constexpr int kUnavailable = -32014;      // shutting down, or a subsyste
 inline constexpr int kStorageFull = -32015;
 inline constexpr int kArrayBufferLimit = -32016;
 inline constexpr int kStackLimit = -32017;
+inline constexpr int kSandboxCrashed = -32018;   // the sandbox process died under the call
 
 // The fixed error.message for each code; error.data says the specifics.
 inline std::string_view message(int code) {
@@ -44,6 +45,7 @@ inline std::string_view message(int code) {
     case kStorageFull: return "Storage full";
     case kArrayBufferLimit: return "ArrayBuffer limit exceeded";
     case kStackLimit: return "Stack limit exceeded";
+    case kSandboxCrashed: return "Sandbox crashed";
     default: return "Server error";
   }
 }

@@ -1,13 +1,15 @@
 // toolhostd: builds the daemon's parts in order (V8 platform, store, registry, policy, runtime,
 // server), passes references down, runs the I/O threads, and shuts down cleanly on a signal.
 
+#include "daemon/capability_host.h"
 #include "daemon/config.h"
 #include "daemon/dispatcher.h"
+#include "daemon/external_tools.h"
 #include "daemon/logging.h"
 #include "daemon/meta_methods.h"
 #include "daemon/method_table.h"
 #include "daemon/policy_methods.h"
-#include "daemon/capability_host.h"
+#include "daemon/popups.h"
 #include "daemon/sandbox_methods.h"
 #include "daemon/server.h"
 #include "daemon/systemd.h"
@@ -16,10 +18,12 @@
 #include "policy/approvals.h"
 #include "policy/audit.h"
 #include "policy/decisions.h"
+#include "policy/http_client.h"
 #include "registry/native_tools.h"
 #include "registry/registry.h"
 #include "registry/tasks.h"
-#include "runtime/sandbox_pool.h"
+#include "runtime/process_sandbox_pool.h"
+#include "runtime/sandbox_host.h"
 #include "runtime/v8_platform.h"
 #include "store/store.h"
 
@@ -32,6 +36,7 @@
 
 #include <csignal>
 #include <cstdio>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -63,7 +68,7 @@ int run(const daemon::Config& config, const daemon::CommandLine& commandLine) {
   }
   ::chmod(config.stateDir.c_str(), 0700);
 
-  runtime::V8Platform v8;
+  // No V8 in this process: JavaScript runs in the sandbox host processes (runtime/sandbox_host.h).
 
   store::Options storeOptions;
   storeOptions.stateDir = config.stateDir;
@@ -104,12 +109,33 @@ int run(const daemon::Config& config, const daemon::CommandLine& commandLine) {
                                {"schemaVersion", stats->schemaVersion}};
   }});
 
+  // The mediated HTTPS client of fetch and external-service tools: [fetch] allow_private and
+  // extra_ca_file are read once, here (a change needs a restart). Popup hosts come and go with
+  // their connections. Both outlive the io_context: operations still queued there use them.
+  std::unique_ptr<policy::HttpClient> http;
+  try {
+    http = std::make_unique<policy::HttpClient>(policy::AddressRules(config.fetch.allowPrivate),
+                                                config.fetch.extraCaFile);
+  } catch (const std::exception& error) {
+    spdlog::critical("cannot set up the HTTPS client for fetch: {}", error.what());
+    return 1;
+  }
+  daemon::PopupHosts popups;
+  daemon::MediationServices mediation{decisions, approvals, audit, *http, configs};
+
   asio::io_context io(static_cast<int>(config.ioThreads));
 
-  // Sandboxed JavaScript: V8 workers, retained sandboxes, the watchdog. Destroyed before the
-  // io_context its callers run on.
-  daemon::DaemonCapabilityHost capabilityHost(registry, taskStore);
-  runtime::SandboxPool sandboxes(config.runtime, capabilityHost);
+  // Sandboxed JavaScript: V8 workers, retained sandboxes, the watchdog. The pool is destroyed
+  // first (its calls end and abort their operations), then the capability host, then the
+  // io_context its operations and callers run on.
+  daemon::DaemonCapabilityHost capabilityHost(
+      daemon::CapabilityServices{registry, taskStore, mediation, popups}, io.get_executor());
+  // Sandboxed JavaScript runs in [runtime] processes sandbox host processes: this executable
+  // again, with --sandbox-host (see main()), supervised and restarted by the pool.
+  runtime::ProcessSandboxPool sandboxes(config.runtime, capabilityHost,
+                                        runtime::SandboxLaunch{"/proc/self/exe", {"--sandbox-host"}},
+                                        io.get_executor());
+  daemon::ExternalTools externalTools(mediation);
   registry.onBindingMoved([&sandboxes](const std::string& name, const std::string& from, const std::string& to) {
     spdlog::debug("{} moved from {} to {}; its sandbox is discarded", name, from, to);
     sandboxes.discard(from);
@@ -117,7 +143,8 @@ int run(const daemon::Config& config, const daemon::CommandLine& commandLine) {
 
   daemon::MethodTable methods;
   daemon::registerMetaMethods(methods, facts);
-  daemon::registerToolMethods(methods, daemon::ToolServices{registry, &sandboxes});
+  daemon::registerToolMethods(methods, daemon::ToolServices{registry, &sandboxes, &externalTools});
+  daemon::registerPopupMethods(methods, popups);
   daemon::registerSandboxMethods(methods, sandboxes);
   daemon::registerTaskMethods(methods, taskStore);
   daemon::registerPolicyMethods(
@@ -148,6 +175,11 @@ int run(const daemon::Config& config, const daemon::CommandLine& commandLine) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A sandbox host process started by the runtime (runtime/sandbox_host.h): nothing of the
+  // daemon runs in it; its socket to the daemon is fd 3.
+  if (argc > 1 && std::string_view(argv[1]) == "--sandbox-host") {
+    return runtime::runSandboxHost(3, argc, argv);
+  }
   CLI::App app{"toolhostd: hosts the tools AI agents call, over JSON-RPC 2.0 on a Unix socket"};
   daemon::CommandLine commandLine;
   std::string socket, stateDir, configFile, logLevel, logFormat;

@@ -8,7 +8,7 @@ namespace toolhost::daemon {
 namespace asio = boost::asio;
 namespace json = boost::json;
 
-void registerSandboxMethods(MethodTable& methods, runtime::SandboxPool& sandboxes) {
+void registerSandboxMethods(MethodTable& methods, runtime::ToolRunner& sandboxes) {
   methods.add(MethodSpec{
       "sandboxes.list",
       "Each retained sandbox, least recently used first: revision, tool name, calls served, heap "

@@ -3,10 +3,10 @@
 #pragma once
 
 #include "daemon/method_table.h"
-#include "runtime/sandbox_pool.h"
+#include "runtime/tool_runner.h"
 
 namespace toolhost::daemon {
 
-void registerSandboxMethods(MethodTable& methods, runtime::SandboxPool& sandboxes);
+void registerSandboxMethods(MethodTable& methods, runtime::ToolRunner& sandboxes);
 
 }  // namespace toolhost::daemon

@@ -233,9 +233,16 @@ void Session::spawnRequest(protocol::Request request, std::shared_ptr<BatchState
   if (request.id) requestKeysById_.emplace(protocol::writeJson(*request.id), key);
   asio::co_spawn(socket_.get_executor(),
                  serveRequest(shared_from_this(), std::move(request), std::move(batch), index, key),
-                 asio::bind_cancellation_slot(signal->slot(), [id = id_](std::exception_ptr e) {
-                   logIfThrew(id, "request", e);
-                 }));
+                 // The signal holds the request coroutine's cancellation state, which the
+                 // coroutine touches until its very end (after serveRequest() erased it from
+                 // requests_): the handler keeps it, and lets it go only in a later handler on
+                 // the strand, once the coroutine is gone.
+                 asio::bind_cancellation_slot(
+                     signal->slot(),
+                     [id = id_, signal, executor = socket_.get_executor()](std::exception_ptr e) {
+                       logIfThrew(id, "request", e);
+                       asio::post(executor, [signal] {});
+                     }));
 }
 
 asio::awaitable<void> Session::serveRequest(std::shared_ptr<Session> self, protocol::Request request,

@@ -1,11 +1,13 @@
 #include "daemon/tool_methods.h"
 
+#include "daemon/external_tools.h"
 #include "daemon/registry_errors.h"
-#include "runtime/sandbox_pool.h"
+#include "runtime/tool_runner.h"
 
 #include <boost/json/parse.hpp>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <ctime>
 
@@ -75,6 +77,7 @@ MethodResult answerFor(runtime::CallOutcome outcome, const registry::ToolRevisio
     case CallErrc::cancelled: code = app_error::kCancelled; break;
     case CallErrc::overloaded: code = app_error::kOverloaded; break;
     case CallErrc::notRunnable: code = app_error::kUnavailable; break;
+    case CallErrc::sandboxCrashed: code = app_error::kSandboxCrashed; break;
   }
   protocol::RpcError rpc{code,
                          code == protocol::rpc_error::kInvalidParams ? "Invalid params"
@@ -311,10 +314,22 @@ void registerToolMethods(MethodTable& methods, ToolServices services) {
             auto outcome = co_await services.sandboxes->call(tool, arguments, std::move(options));
             co_return answerFor(std::move(outcome), *tool);
           }
-          case registry::ExecutionClass::externalService:
-            co_return appError(app_error::kUnavailable, "unavailable",
-                               "external-service tools are forwarded once the policy engine "
-                               "authorizes them; this daemon does not forward them yet");
+          case registry::ExecutionClass::externalService: {
+            if (services.external == nullptr) {
+              co_return appError(app_error::kUnavailable, "unavailable",
+                                 "this daemon does not forward external-service tools");
+            }
+            // The exchange is bounded by the tighter of the call's and the manifest's wallMs,
+            // else by [fetch] timeout_ms.
+            std::optional<std::int64_t> wallMs = requestedLimits(params).wallMs;
+            if (const auto* limits = tool->manifest.if_contains("limits")) {
+              if (const auto* manifestWall = limits->as_object().if_contains("wallMs")) {
+                const auto value = manifestWall->to_number<std::int64_t>();
+                wallMs = wallMs ? std::min(*wallMs, value) : value;
+              }
+            }
+            co_return co_await services.external->call(tool, std::move(arguments), wallMs);
+          }
         }
         co_return appError(app_error::kUnavailable, "unavailable", "unknown execution class");
       }});

@@ -6,14 +6,17 @@
 #include "registry/registry.h"
 
 namespace toolhost::runtime {
-class SandboxPool;
+class ToolRunner;
 }
 
 namespace toolhost::daemon {
 
+class ExternalTools;
+
 struct ToolServices {
   registry::Registry& registry;
-  runtime::SandboxPool* sandboxes = nullptr;  // null until the runtime is wired
+  runtime::ToolRunner* sandboxes = nullptr;  // null until the runtime is wired
+  ExternalTools* external = nullptr;          // null: external-service tools are unavailable
 };
 
 void registerToolMethods(MethodTable& methods, ToolServices services);

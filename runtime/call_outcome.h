@@ -9,6 +9,7 @@
 #include <boost/system/result.hpp>
 
 #include <cstdint>
+#include <functional>
 #include <ostream>
 #include <string>
 #include <string_view>
@@ -29,6 +30,8 @@ enum class CallErrc {
   cancelled,         // the caller cancelled, an admin terminated the sandbox, or shutdown
   overloaded,        // too many calls are waiting
   notRunnable,       // not sandboxed JavaScript (another execution class, or no source)
+  sandboxCrashed,    // the sandbox process ended unexpectedly (V8 aborted, killed from outside,
+                     // or killed because another call in it did not stop), or keeps crashing
 };
 
 // A stable word per code ("timeout", "cpu-limit", ...), for error.data.kind and logs.
@@ -64,6 +67,13 @@ struct CallOptions {
   Mode mode = Mode::retained;
   CallLimits limits;               // may only tighten the manifest's limits
   boost::json::object invocation;  // e.g. {taskId}; handed to the CapabilityHost, not to JS
+
+  // For whoever hosts a SandboxPool (the sandbox host process); neither reaches JavaScript or
+  // the CapabilityHost. `tag`: a number of the caller's choosing that SandboxPool::stalled()
+  // reports. `onStart`: called once, on a V8 worker thread, when the call has its sandbox and its
+  // wall clock starts (not for a call refused or cancelled before that); keep it short.
+  std::uint64_t tag = 0;
+  std::function<void()> onStart;
 };
 
 }  // namespace toolhost::runtime

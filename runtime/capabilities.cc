@@ -1,12 +1,14 @@
 #include "runtime/capabilities.h"
 
 #include "protocol/json_text.h"
+#include "runtime/fetch_api.h"
 #include "runtime/json_bridge.h"
 #include "runtime/sandbox.h"
 
 #include <boost/json/array.hpp>
 #include <boost/json/object.hpp>
 
+#include <optional>
 #include <string>
 
 namespace toolhost::runtime {
@@ -63,22 +65,9 @@ bool subtasksRequested(const registry::ToolRevision& tool) {
   return subtasks != nullptr && subtasks->is_bool() && subtasks->as_bool();
 }
 
-v8::Local<v8::Value> makeError(v8::Local<v8::Context> context, std::string_view message,
-                               std::string_view code, bool typeError = false) {
-  v8::Isolate* isolate = context->GetIsolate();
-  auto text = v8String(isolate, message);
-  auto error = typeError ? v8::Exception::TypeError(text) : v8::Exception::Error(text);
-  if (error->IsObject()) {
-    error.As<v8::Object>()
-        ->CreateDataProperty(context, v8String(isolate, "code"), v8String(isolate, code))
-        .FromMaybe(false);
-  }
-  return error;
-}
-
 void reject(v8::Local<v8::Context> context, v8::Local<v8::Promise::Resolver> resolver,
             std::string_view message, std::string_view code, bool typeError = false) {
-  resolver->Reject(context, makeError(context, message, code, typeError)).FromMaybe(false);
+  resolver->Reject(context, makeHostError(context, message, code, typeError)).FromMaybe(false);
 }
 
 // The host's answer to resolveInvocation, reduced to the opaque revisions.
@@ -96,6 +85,93 @@ HostOpResult resolveInvocationOnHost(CapabilityHost& host, const registry::ToolR
     return HostOpFailure{"failed", "no revision could be resolved for \"" + name + "\""};
   }
   return json::value(std::move(out));
+}
+
+// What an operation door hands to CapabilityHost::startOperation.
+struct OperationRequest {
+  const char* kind;
+  json::value request;
+  ReplyKind reply = ReplyKind::json;
+};
+
+// A string argument, or a TypeError naming it.
+std::optional<std::string> stringArgument(v8::Local<v8::Context> context,
+                                          v8::Local<v8::Value> value, const std::string& what) {
+  if (!value->IsString()) {
+    throwInvalidArgument(context, what + " must be a string");
+    return std::nullopt;
+  }
+  return toUtf8(context->GetIsolate(), value.As<v8::String>());
+}
+
+std::optional<OperationRequest> popupRequest(v8::Local<v8::Context> context,
+                                             v8::Local<v8::Value> argument) {
+  v8::Isolate* isolate = context->GetIsolate();
+  static constexpr const char* kUsage =
+      "ctx.popup(request) takes {kind: \"custom-html\", html: string} or {kind: \"origin\", url: "
+      "string}";
+  if (!argument->IsObject()) {
+    throwInvalidArgument(context, kUsage);
+    return std::nullopt;
+  }
+  auto object = argument.As<v8::Object>();
+  v8::Local<v8::Value> kind;
+  if (!object->Get(context, v8String(isolate, "kind")).ToLocal(&kind)) return std::nullopt;
+  const std::string kindText = kind->IsString() ? toUtf8(isolate, kind.As<v8::String>(), 64) : "";
+  const char* member = kindText == "custom-html" ? "html" : kindText == "origin" ? "url" : nullptr;
+  if (member == nullptr) {
+    throwInvalidArgument(context, kUsage);
+    return std::nullopt;
+  }
+  v8::Local<v8::Value> value;
+  if (!object->Get(context, v8String(isolate, member)).ToLocal(&value)) return std::nullopt;
+  if (!value->IsString()) {
+    throwInvalidArgument(context, kUsage);
+    return std::nullopt;
+  }
+  json::object request;
+  request["kind"] = kindText;
+  request[member] = toUtf8(isolate, value.As<v8::String>());
+  return OperationRequest{"popup", std::move(request)};
+}
+
+// The request of an operation door, or nullopt with an exception pending (or nothing pending if
+// the call is being killed).
+template <Door door>
+std::optional<OperationRequest> operationRequest(v8::Local<v8::Context> context, Sandbox& sandbox,
+                                                 const v8::FunctionCallbackInfo<v8::Value>& info) {
+  if constexpr (door == Door::globalFetch || door == Door::fetch) {
+    auto request = fetchRequest(context, info[0], info[1]);
+    if (!request) return std::nullopt;
+    return OperationRequest{"fetch", std::move(*request), ReplyKind::fetchResponse};
+  } else if constexpr (door == Door::popup) {
+    return popupRequest(context, info[0]);
+  } else if constexpr (door == Door::secret) {
+    auto name = stringArgument(context, info[0], "ctx.secret(name): name");
+    if (!name) return std::nullopt;
+    return OperationRequest{"secret", json::object{{"name", *name}}};
+  } else if constexpr (door == Door::storageList) {
+    (void)sandbox;
+    return OperationRequest{"storage", json::object{{"op", "list"}}};
+  } else {
+    static_assert(door == Door::storageGet || door == Door::storageSet ||
+                  door == Door::storageDelete);
+    const char* op = door == Door::storageGet ? "get" : door == Door::storageSet ? "set" : "delete";
+    auto key = stringArgument(context, info[0], std::string("ctx.storage.") + op + "(key): key");
+    if (!key) return std::nullopt;
+    json::object request{{"op", op}, {"key", *key}};
+    if constexpr (door == Door::storageSet) {
+      auto value = toJson(context, info[1], sandbox.toJsonOptions("the value"));
+      if (!value) {
+        if (value.error().kind != ToJsonError::Kind::killed) {
+          throwInvalidArgument(context, "ctx.storage.set(key, value): " + value.error().detail);
+        }
+        return std::nullopt;
+      }
+      request["value"] = std::move(*value);
+    }
+    return OperationRequest{"storage", std::move(request)};
+  }
 }
 
 template <Door door>
@@ -121,6 +197,10 @@ void onDoor(const v8::FunctionCallbackInfo<v8::Value>& info) {
            "call-ended");
     return;
   }
+  CapabilityHost* host = call->host;
+  registry::ToolRevisionPtr tool = call->tool;
+  Sandbox::StartOp start;
+  ReplyKind reply = ReplyKind::json;
 
   if constexpr (door == Door::resolveInvocation || door == Door::createSubtasksResult) {
     if (!subtasksRequested(sandbox.tool())) {
@@ -130,9 +210,6 @@ void onDoor(const v8::FunctionCallbackInfo<v8::Value>& info) {
              "not-authorized");
       return;
     }
-    CapabilityHost* host = call->host;
-    registry::ToolRevisionPtr tool = call->tool;
-    std::function<HostOpResult()> work;
     if constexpr (door == Door::resolveInvocation) {
       if (info.Length() < 1 || !info[0]->IsString() ||
           static_cast<std::size_t>(info[0].As<v8::String>()->Utf8Length(isolate)) >
@@ -143,7 +220,9 @@ void onDoor(const v8::FunctionCallbackInfo<v8::Value>& info) {
         return;
       }
       std::string name = toUtf8(isolate, info[0].As<v8::String>());
-      work = [host, tool, name] { return resolveInvocationOnHost(*host, *tool, name); };
+      start = [host, tool, name](std::shared_ptr<HostOperation> operation) {
+        operation->complete(resolveInvocationOnHost(*host, *tool, name));
+      };
     } else {
       auto drafts =
           toJson(context, info.Length() > 0 ? info[0] : v8::Undefined(isolate).As<v8::Value>(),
@@ -154,22 +233,35 @@ void onDoor(const v8::FunctionCallbackInfo<v8::Value>& info) {
                "invalid-argument", true);
         return;
       }
-      work = [host, tool, drafts = std::move(*drafts),
-              invocation = call->invocation]() -> HostOpResult {
+      start = [host, tool, drafts = std::move(*drafts),
+               invocation = call->invocation](std::shared_ptr<HostOperation> operation) {
         auto tasks = host->createSubtasks(*tool, drafts, invocation);
-        if (!tasks) return HostOpFailure{"failed", tasks.error()};
-        return json::value(std::move(*tasks));
+        if (!tasks) {
+          operation->complete(HostOpFailure{"failed", tasks.error()});
+        } else {
+          operation->complete(json::value(std::move(*tasks)));
+        }
       };
     }
-    if (!sandbox.startHostOp(resolver, std::move(work))) {
-      reject(context, resolver, std::string(doorName(door)) + ": this call has ended",
-             "call-ended");
-    }
   } else {
-    reject(context, resolver,
-           std::string(doorName(door)) +
-               " is not authorized: the policy engine has not granted it to this tool",
-           "not-authorized");
+    v8::TryCatch tryCatch(isolate);
+    auto request = operationRequest<door>(context, sandbox, info);
+    if (!request) {
+      if (tryCatch.HasTerminated()) {
+        tryCatch.ReThrow();
+      } else if (tryCatch.HasCaught()) {
+        resolver->Reject(context, tryCatch.Exception()).FromMaybe(false);
+      }
+      return;
+    }
+    reply = request->reply;
+    start = [host, tool, kind = std::string(request->kind), body = std::move(request->request),
+             invocation = call->invocation](std::shared_ptr<HostOperation> operation) mutable {
+      host->startOperation(*tool, invocation, kind, std::move(body), std::move(operation));
+    };
+  }
+  if (!sandbox.startHostOp(resolver, reply, std::move(start))) {
+    reject(context, resolver, std::string(doorName(door)) + ": this call has ended", "call-ended");
   }
 }
 
@@ -253,7 +345,7 @@ v8::Local<v8::Value> orEmpty(v8::MaybeLocal<v8::Function> function) {
 
 }  // namespace
 
-void installGlobals(v8::Local<v8::Context> context) {
+bool installGlobals(v8::Local<v8::Context> context, Prelude& prelude) {
   v8::Isolate* isolate = context->GetIsolate();
   v8::Local<v8::Object> global = context->Global();
   for (const char* name : {"SharedArrayBuffer", "Atomics", "WebAssembly", "console"}) {
@@ -280,6 +372,10 @@ void installGlobals(v8::Local<v8::Context> context) {
                           orEmpty(function(context, &onDoor<Door::globalFetch>, none, 2, "fetch")),
                           v8::DontEnum)
       .FromMaybe(false);
+  v8::Local<v8::Function> makeResponse;
+  if (!installFetchPrelude(context).ToLocal(&makeResponse)) return false;
+  prelude.makeResponse.Reset(isolate, makeResponse);
+  return true;
 }
 
 v8::MaybeLocal<v8::Object> makeCtx(v8::Local<v8::Context> context, const CallState& call) {
@@ -314,6 +410,30 @@ v8::MaybeLocal<v8::Object> makeCtx(v8::Local<v8::Context> context, const CallSta
             door(&onDoor<Door::createSubtasksResult>, 1, "createSubtasksResult")}});
   if (!ok) return {};
   return scope.Escape(ctx);
+}
+
+}  // namespace toolhost::runtime
+
+namespace toolhost::runtime {
+
+boost::system::result<v8::Local<v8::Value>, HostOpFailure> replyToJs(Sandbox& sandbox,
+                                                                     v8::Local<v8::Context> context,
+                                                                     ReplyKind kind,
+                                                                     const json::value& reply) {
+  switch (kind) {
+    case ReplyKind::fetchResponse: {
+      v8::Local<v8::Function> makeResponse =
+          sandbox.prelude().makeResponse.Get(context->GetIsolate());
+      return fetchResponse(sandbox, context, makeResponse, reply);
+    }
+    case ReplyKind::json:
+      break;
+  }
+  v8::Local<v8::Value> value;
+  if (!fromJson(context, reply).ToLocal(&value)) {
+    return HostOpFailure{"failed", "the host's answer does not fit in the sandbox"};
+  }
+  return value;
 }
 
 }  // namespace toolhost::runtime

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <limits>
+#include <stdexcept>
 
 namespace toolhost::runtime {
 namespace json = boost::json;
@@ -45,6 +46,18 @@ boost::system::result<std::optional<std::int64_t>, std::string> manifestLimit(
 }
 
 }  // namespace
+
+void checkRuntimeConfig(const RuntimeConfig& config) {
+  if (config.workers == 0) throw std::invalid_argument("[runtime] workers must be at least 1");
+  if (config.processes == 0) throw std::invalid_argument("[runtime] processes must be at least 1");
+  const std::int64_t stackCap = config.caps.stackKb.value_or(4096);
+  if (static_cast<std::int64_t>(config.workerStackMb) * 1024 < stackCap + 1024) {
+    throw std::invalid_argument(
+        "[runtime] the worker stack must exceed the largest stack limit by at least 1 MiB");
+  }
+  if (config.killGraceMs <= 0)
+    throw std::invalid_argument("[runtime] kill_grace_ms must be positive");
+}
 
 boost::system::result<EffectiveLimits, std::string> baseLimits(const json::object& manifest,
                                                                const RuntimeConfig& config) {

@@ -46,9 +46,21 @@ struct RuntimeConfig {
   std::size_t maxResultDepth = 128;       // nesting of a result (and of drafts a tool passes)
   std::size_t maxLogBytes = 64 * 1024;    // console output kept per call, then truncated
   std::size_t workerStackMb = 16;         // stack of each V8 worker thread; > caps.stackKb
+  // ProcessSandboxPool only (everything above applies per sandbox process):
+  unsigned processes = 1;                     // sandbox host processes; a revision always uses one
+  std::int64_t killGraceMs = 2000;            // how long a call may run on past the moment it was
+                                              // told to stop before its process is killed
+  unsigned maxRestarts = 5;                   // unexpected ends of one process within ...
+  std::int64_t restartWindowMs = 10000;       // ... this window, after which its calls fail fast
+                                              // until the oldest of them leaves the window
+  std::int64_t hostRequestTimeoutMs = 10000;  // a quick request's wait for the daemon's answer
   CallLimits defaults{60000, 30000, 64, 64, 984, 2 * kMiB};      // when the manifest says nothing
   CallLimits caps{600000, 600000, 1024, 1024, 4096, 64 * kMiB};  // the most any call may get
 };
+
+// Throws std::invalid_argument, with a sentence naming the setting, for a configuration that
+// cannot work (no workers or processes, a worker stack too small for the largest stack limit).
+void checkRuntimeConfig(const RuntimeConfig& config);
 
 // The limits a call runs under: for each, min(request if given, manifest if given else default,
 // cap). A request looser than the manifest's (or the default's) limit, or a request or manifest

@@ -1,6 +1,7 @@
 #include "runtime/sandbox.h"
 
 #include "runtime/capabilities.h"
+#include "runtime/fetch_api.h"
 #include "runtime/module_specifier.h"
 
 #include <libplatform/libplatform.h>
@@ -10,6 +11,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <stdexcept>
 
 namespace toolhost::runtime {
 namespace json = boost::json;
@@ -51,6 +53,12 @@ v8::ModifyCodeGenerationFromStringsResult refuseCodeGeneration(v8::Local<v8::Con
   return {};  // codegen_allowed = false
 }
 
+// Frees a backing store made by Sandbox::newArrayBuffer, through the allocator that counted it.
+// The allocator outlives every backing store of the isolate (the isolate shares its ownership).
+void freeThroughAllocator(void* data, std::size_t length, void* allocator) {
+  static_cast<CountingAllocator*>(allocator)->Free(data, length);
+}
+
 void onOutOfMemory(const char* location, bool isHeap) {
   // V8 aborts right after this; the near-heap-limit callback exists so it never gets here.
   spdlog::critical("V8 ran out of {} memory at {}: the daemon is aborting",
@@ -88,21 +96,36 @@ Sandbox::Sandbox(registry::ToolRevisionPtr tool, SandboxSettings settings, Watch
   isolate_->SetModifyCodeGenerationFromStringsCallback(&refuseCodeGeneration);
   isolate_->SetOOMErrorHandler(&onOutOfMemory);
 
-  v8::Locker locker(isolate_);
-  v8::Isolate::Scope isolateScope(isolate_);
-  v8::HandleScope handleScope(isolate_);
-  v8::Local<v8::Context> context = v8::Context::New(isolate_);
-  context->AllowCodeGenerationFromStrings(false);
-  v8::Context::Scope contextScope(context);
-  installGlobals(context);
-  context_.Reset(isolate_, context);
+  bool installed = false;
+  {
+    v8::Locker locker(isolate_);
+    v8::Isolate::Scope isolateScope(isolate_);
+    v8::HandleScope handleScope(isolate_);
+    v8::Local<v8::Context> context = v8::Context::New(isolate_);
+    context->AllowCodeGenerationFromStrings(false);
+    v8::Context::Scope contextScope(context);
+    context_.Reset(isolate_, context);
+    installed = installGlobals(context, prelude_);
+    if (!installed) {
+      context_.Reset();
+      prelude_.makeResponse.Reset();
+    }
+  }
+  if (!installed) {
+    // Only V8 refusing memory gets here; the isolate cannot be used.
+    allocator_->setRefusalHook(nullptr, nullptr);
+    v8::platform::NotifyIsolateShutdown(&platform_, isolate_);
+    isolate_->Dispose();
+    throw std::runtime_error("the sandbox's context could not be set up");
+  }
 }
 
 Sandbox::~Sandbox() {
   {
     v8::Locker locker(isolate_);
     v8::Isolate::Scope isolateScope(isolate_);
-    resolvers_.clear();
+    pending_.clear();
+    prelude_.makeResponse.Reset();
     promise_.Reset();
     value_.Reset();
     main_.Reset();
@@ -126,8 +149,7 @@ std::size_t Sandbox::nearHeapLimit(void* data, std::size_t current, std::size_t 
   // last-resort collection and aborts if the retry does not fit); a limit V8 merely reserves
   // costs nothing until used. The sandbox is discarded after the call.
   auto* self = static_cast<Sandbox*>(data);
-  recordKill(self->kill_, Kill::memoryLimit);
-  self->isolate_->TerminateExecution();
+  self->terminate(Kill::memoryLimit);
   v8::HeapStatistics heap;
   self->isolate_->GetHeapStatistics(&heap);
   const std::size_t held = std::max(current, heap.total_heap_size());
@@ -139,9 +161,16 @@ std::size_t Sandbox::nearHeapLimit(void* data, std::size_t current, std::size_t 
 }
 
 void Sandbox::arrayBufferRefused(void* data) {
-  auto* self = static_cast<Sandbox*>(data);
-  recordKill(self->kill_, Kill::arrayBufferLimit);
-  self->isolate_->TerminateExecution();
+  static_cast<Sandbox*>(data)->terminate(Kill::arrayBufferLimit);
+}
+
+void Sandbox::terminate(Kill reason) {
+  recordKill(kill_, reason);
+  isolate_->TerminateExecution();
+  // Through the watchdog too, so that it knows when this segment was told to stop: a builtin
+  // that keeps running (and allocating) anyway shows as stalled a grace period after this, not
+  // after the wall-clock deadline (SandboxPool::stalled).
+  if (call_) watchdog_.kill(call_->epoch, reason);
 }
 
 void Sandbox::stop(Kill reason) { recordKill(kill_, reason); }
@@ -162,7 +191,10 @@ auto Sandbox::segment(Body&& body) -> decltype(body(std::declval<JsScope&>())) {
   if (pthread_getcpuclockid(pthread_self(), &cpuClock) != 0) cpuClock = CLOCK_THREAD_CPUTIME_ID;
   const std::int64_t cpuStart = Watchdog::cpuNowNs(cpuClock);
   const std::int64_t cpuLeft = call.limits.cpuMs * 1'000'000 - call.cpuUsedNs;
-  watchdog_.arm(call.epoch, {isolate_, &kill_, call.deadline, cpuClock, cpuStart + cpuLeft});
+  // A pause of the wall clock moves the deadline; operations complete between segments, so the
+  // deadline taken here holds for the whole segment.
+  watchdog_.arm(call.epoch,
+                {isolate_, &kill_, call.wallClock().deadline, cpuClock, cpuStart + cpuLeft});
   // A cancel that came before the arm could not reach it; it is seen here instead.
   if (call.cancelRequested.load()) recordKill(kill_, Kill::cancelled);
 
@@ -248,27 +280,21 @@ Sandbox::Step Sandbox::resume() {
       js.call.completions.pop_front();
       --js.call.outstandingOps;
       v8::HandleScope scope(js.isolate);
-      v8::Local<v8::Promise::Resolver> resolver =
-          resolvers_.at(completion.resolver).Get(js.isolate);
-      resolvers_[completion.resolver].Reset();
+      PendingOp& pending = pending_.at(completion.resolver);
+      v8::Local<v8::Promise::Resolver> resolver = pending.resolver.Get(js.isolate);
+      pending.resolver.Reset();
       if (completion.result) {
-        v8::Local<v8::Value> value;
-        if (fromJson(js.context, *completion.result).ToLocal(&value)) {
-          resolver->Resolve(js.context, value).FromMaybe(false);
+        auto value = replyToJs(*this, js.context, pending.kind, *completion.result);
+        if (kill() != Kill::none) break;
+        if (value) {
+          resolver->Resolve(js.context, *value).FromMaybe(false);
           continue;
         }
-        completion.result =
-            HostOpFailure{"failed", "the host's answer does not fit in the sandbox"};
+        completion.result = std::move(value.error());
       }
       const HostOpFailure& failure = completion.result.error();
-      auto error = v8::Exception::Error(v8String(js.isolate, failure.message));
-      if (error->IsObject()) {
-        error.As<v8::Object>()
-            ->CreateDataProperty(js.context, v8String(js.isolate, "code"),
-                                 v8String(js.isolate, failure.code))
-            .FromMaybe(false);
-      }
-      resolver->Reject(js.context, error).FromMaybe(false);
+      resolver->Reject(js.context, makeHostError(js.context, failure.message, failure.code))
+          .FromMaybe(false);
     }
     drain(js);
     return inspect(js);
@@ -316,7 +342,7 @@ void Sandbox::endCall() {
   {
     v8::Locker locker(isolate_);
     v8::Isolate::Scope isolateScope(isolate_);
-    resolvers_.clear();
+    pending_.clear();
     promise_.Reset();
     value_.Reset();
     v8::HeapStatistics heap;
@@ -324,32 +350,47 @@ void Sandbox::endCall() {
     heapBytes_ = heap.used_heap_size() + allocator_->used();
   }
   if (call_) {
-    call_->ended = true;
-    call_->completions.clear();
-    call_->wake = nullptr;
+    // Operations still outstanding are aborted, outside every V8 lock: the host cancels its I/O
+    // or prompt; a completion that comes anyway is dropped.
+    auto aborts = endOperations(*call_);
+    const std::string name = call_->tool->name;
     call_.reset();
+    runAborts(std::move(aborts), name);
   }
 }
 
-bool Sandbox::startHostOp(v8::Local<v8::Promise::Resolver> resolver,
-                          std::function<HostOpResult()> work) {
+bool Sandbox::startHostOp(v8::Local<v8::Promise::Resolver> resolver, ReplyKind kind,
+                          StartOp start) {
   if (!call_ || call_->ended || !call_->post) return false;
-  const std::size_t index = resolvers_.size();
-  resolvers_.emplace_back(isolate_, resolver);
+  const std::size_t index = pending_.size();
+  pending_.push_back(PendingOp{v8::Global<v8::Promise::Resolver>(isolate_, resolver), kind});
   ++call_->outstandingOps;
-  call_->post([call = call_, index, work = std::move(work)]() {
-    if (call->ended) return;  // cancelled or over: the answer has nowhere to go
-    HostOpResult result = HostOpFailure{"failed", "the host failed"};
+  std::shared_ptr<CallOperation> operation = newOperation(call_, index);
+  // `post` is written only on this strand, so it may be read here without the mutex.
+  call_->post([call = call_, operation, start = std::move(start)]() {
+    if (call->ended) return;  // cut short before the host heard of it: nothing to abort
     try {
-      result = work();
+      start(operation);
     } catch (const std::exception& e) {
-      spdlog::error("runtime: host operation of {} threw: {}", call->tool->name, e.what());
+      spdlog::error("runtime: starting a host operation of {} threw: {}", call->tool->name,
+                    e.what());
+      operation->complete(HostOpFailure{"failed", "the host failed to start the operation"});
     }
-    if (call->ended) return;
-    call->completions.push_back(CallState::Completion{index, std::move(result)});
-    if (call->wake) call->wake();
   });
   return true;
+}
+
+v8::MaybeLocal<v8::ArrayBuffer> Sandbox::newArrayBuffer(std::size_t length) {
+  if (length == 0) return v8::ArrayBuffer::New(isolate_, 0);
+  void* data = allocator_->AllocateUninitialized(length);
+  if (data == nullptr) {
+    // Over the limit (the allocator already recorded the kill), or malloc failed.
+    terminate(Kill::arrayBufferLimit);
+    return {};
+  }
+  std::shared_ptr<v8::BackingStore> store =
+      v8::ArrayBuffer::NewBackingStore(data, length, &freeThroughAllocator, allocator_.get());
+  return v8::ArrayBuffer::New(isolate_, std::move(store));
 }
 
 void Sandbox::appendLog(std::string_view level, std::string_view text) {

@@ -7,6 +7,8 @@
 
 #include "registry/registry.h"
 #include "runtime/call_outcome.h"
+#include "runtime/call_state.h"
+#include "runtime/capabilities.h"
 #include "runtime/capability_host.h"
 #include "runtime/counting_allocator.h"
 #include "runtime/json_bridge.h"
@@ -30,46 +32,6 @@
 #include <vector>
 
 namespace toolhost::runtime {
-
-// How a host operation a tool started ended (ctx.resolveInvocation today; fetch later). It is
-// settled into the tool's promise in the call's next segment.
-struct HostOpFailure {
-  std::string code;  // becomes the Error's `code` ("not-found", "failed", ...)
-  std::string message;
-};
-using HostOpResult = boost::system::result<boost::json::value, HostOpFailure>;
-
-// One call as the sandbox sees it. Created by the pool, shared with host operations in flight
-// and with cancellation. Fields are used on the sandbox's strand unless marked otherwise.
-struct CallState {
-  std::uint64_t epoch = 0;  // unique for the pool's lifetime; keys the watchdog and ctx
-  registry::ToolRevisionPtr tool;
-  EffectiveLimits limits;
-  boost::json::object invocation;
-  CapabilityHost* host = nullptr;
-  std::size_t maxResultDepth = 128;
-  std::size_t maxLogBytes = 64 * 1024;
-  std::chrono::steady_clock::time_point deadline;  // set when the sandbox is acquired
-
-  std::atomic<bool> cancelRequested{false};  // any thread
-
-  std::int64_t cpuUsedNs = 0;
-  std::uint64_t heapPeakBytes = 0;
-  std::string logs;
-  bool logsTruncated = false;
-
-  // Host operations. The call ends (and refuses new ones) only when none is outstanding or it is
-  // cancelled; completions arrive on the strand and are settled in the next segment.
-  bool ended = false;
-  std::size_t outstandingOps = 0;
-  struct Completion {
-    std::size_t resolver;  // index into the sandbox's resolvers of this call
-    HostOpResult result;
-  };
-  std::deque<Completion> completions;
-  std::function<void(std::function<void()>)> post;  // runs a function on the sandbox's strand
-  std::function<void()> wake;                       // wakes the call's wait; strand only
-};
 
 struct SandboxSettings {
   std::int64_t heapMb = 64;
@@ -119,9 +81,17 @@ class Sandbox {
   static Sandbox& from(v8::Isolate* isolate);
   // The running call, or nullptr.
   CallState* currentCall() { return call_.get(); }
-  // Starts a host operation settling `resolver`: `work` runs on the strand outside the isolate,
-  // its result is settled in a later segment. False (and nothing started) once the call ended.
-  bool startHostOp(v8::Local<v8::Promise::Resolver> resolver, std::function<HostOpResult()> work);
+  // Starts a host operation settling `resolver` with a reply of `kind`: `start` runs on the
+  // strand after this segment, outside the isolate, with the operation's HostOperation (which it
+  // hands to the host, or completes itself); the completion is settled in a later segment. False
+  // (and nothing started) once the call ended.
+  using StartOp = std::function<void(std::shared_ptr<HostOperation>)>;
+  bool startHostOp(v8::Local<v8::Promise::Resolver> resolver, ReplyKind kind, StartOp start);
+  // A fresh ArrayBuffer of `length` uninitialized bytes allocated through the counting allocator
+  // (never V8's fatal out-of-memory path). Empty when refused: the call is then killed with the
+  // ArrayBuffer limit.
+  v8::MaybeLocal<v8::ArrayBuffer> newArrayBuffer(std::size_t length);
+  const Prelude& prelude() const { return prelude_; }
   void appendLog(std::string_view level, std::string_view text);
   ToJsonOptions toJsonOptions(const char* what) const;
 
@@ -146,6 +116,8 @@ class Sandbox {
 
   static std::size_t nearHeapLimit(void* data, std::size_t current, std::size_t initial);
   static void arrayBufferRefused(void* data);
+  // Stops the running JavaScript for `reason` (the first reason recorded sticks). Isolate thread.
+  void terminate(Kill reason);
 
   registry::ToolRevisionPtr tool_;
   SandboxSettings settings_;
@@ -171,7 +143,13 @@ class Sandbox {
   std::shared_ptr<CallState> call_;
   v8::Global<v8::Promise> promise_;  // what the default export returned, if a promise
   v8::Global<v8::Value> value_;      // what it returned otherwise
-  std::vector<v8::Global<v8::Promise::Resolver>> resolvers_;
+  struct PendingOp {
+    v8::Global<v8::Promise::Resolver> resolver;
+    ReplyKind kind;
+  };
+  std::vector<PendingOp> pending_;  // host operations of this call, by CallState::Completion index
+
+  Prelude prelude_;  // made with the context, before any tool code
 };
 
 }  // namespace toolhost::runtime

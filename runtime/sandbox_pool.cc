@@ -62,6 +62,8 @@ std::string_view callErrcName(CallErrc code) {
       return "overloaded";
     case CallErrc::notRunnable:
       return "not-runnable";
+    case CallErrc::sandboxCrashed:
+      return "sandbox-crashed";
   }
   return "unknown";
 }
@@ -145,6 +147,8 @@ struct CallJob : std::enable_shared_from_this<CallJob> {
   std::shared_ptr<Slot> slot;
   std::shared_ptr<CallState> call;
   Watchdog* watchdog = nullptr;
+  std::uint64_t tag = 0;          // CallOptions::tag
+  std::function<void()> onStart;  // CallOptions::onStart; strand, once
 
   // On the strand.
   std::shared_ptr<Waiter> waiter;
@@ -276,12 +280,7 @@ struct SandboxPool::Impl {
 SandboxPool::SandboxPool(RuntimeConfig config, CapabilityHost& host) {
   v8::Platform* platform = V8Platform::current();
   if (platform == nullptr) throw std::logic_error("SandboxPool needs a live V8Platform");
-  if (config.workers == 0) throw std::invalid_argument("[runtime] workers must be at least 1");
-  const std::int64_t stackCap = config.caps.stackKb.value_or(4096);
-  if (static_cast<std::int64_t>(config.workerStackMb) * 1024 < stackCap + 1024) {
-    throw std::invalid_argument(
-        "[runtime] the worker stack must exceed the largest stack limit by at least 1 MiB");
-  }
+  checkRuntimeConfig(config);
   impl_ = std::make_unique<Impl>(std::move(config), host, *platform);
   try {
     for (unsigned i = 0; i < impl_->config.workers; ++i) impl_->workers.add();
@@ -329,44 +328,32 @@ asio::awaitable<CallOutcome> SandboxPool::call(registry::ToolRevisionPtr tool,
 std::variant<CallOutcome, std::shared_ptr<CallJob>> SandboxPool::Impl::admit(
     registry::ToolRevisionPtr tool, const json::object& arguments, CallOptions options) {
   if (!tool) throw std::invalid_argument("SandboxPool::call without a tool revision");
-  const json::object& manifest = tool->manifest;
-  const auto* execution = manifest.if_contains("execution");
-  const json::value* source = nullptr;
-  bool javascript = false;
-  if (execution != nullptr && execution->is_object()) {
-    source = execution->as_object().if_contains("source");
-    const auto* runtimeName = execution->as_object().if_contains("runtime");
-    javascript = runtimeName != nullptr && runtimeName->is_string() &&
-                 runtimeName->as_string() == "javascript";
+  auto admission = admitCall(*tool, options, config);
+  if (!admission) {
+    CallOutcome outcome;
+    outcome.revision = tool->revision;
+    outcome.result = std::move(admission.error());
+    return outcome;
   }
-  if (tool->executionClass != registry::ExecutionClass::sandboxedCode || !javascript ||
-      source == nullptr || !source->is_string() || source->as_string().empty()) {
-    return failed(
-        tool, CallErrc::notRunnable,
-        "tool " + tool->name + " is not sandboxed JavaScript; the V8 runtime cannot run it");
-  }
-  auto base = baseLimits(manifest, config);
-  if (!base) return failed(tool, CallErrc::invalidLimits, base.error());
-  auto limits = effectiveLimits(manifest, options.limits, config);
-  if (!limits) return failed(tool, CallErrc::invalidLimits, limits.error());
+  const EffectiveLimits& base = admission->base;
+  const EffectiveLimits& limits = admission->limits;
 
   auto job = std::make_shared<CallJob>();
   job->tool = tool;
   job->arguments = arguments;
   job->watchdog = &watchdog;
+  job->tag = options.tag;
+  job->onStart = std::move(options.onStart);
   job->call = std::make_shared<CallState>();
   CallState& call = *job->call;
   call.epoch = nextEpoch.fetch_add(1);
   call.tool = tool;
-  call.limits = *limits;
+  call.limits = limits;
   call.invocation = std::move(options.invocation);
   call.host = &host;
   call.maxResultDepth = config.maxResultDepth;
   call.maxLogBytes = config.maxLogBytes;
-  // A tighter heap or ArrayBuffer limit than the retained sandbox was built with cannot be
-  // applied to it: such a call gets a sandbox of its own.
-  job->disposable = options.mode == CallOptions::Mode::disposable ||
-                    limits->heapMb < base->heapMb || limits->arrayBufferMb < base->arrayBufferMb;
+  job->disposable = admission->ownSandbox;
 
   std::lock_guard lock(mutex);
   if (stopping) return failed(tool, CallErrc::cancelled, "the runtime is shutting down");
@@ -376,14 +363,13 @@ std::variant<CallOutcome, std::shared_ptr<CallJob>> SandboxPool::Impl::admit(
                       " calls running or waiting; try again later");
   }
   if (job->disposable) {
-    job->slot =
-        std::make_shared<Slot>(asio::make_strand(io), tool->revision, tool->name,
-                               SandboxSettings{limits->heapMb, limits->arrayBufferMb}, false);
+    job->slot = std::make_shared<Slot>(asio::make_strand(io), tool->revision, tool->name,
+                                       SandboxSettings{limits.heapMb, limits.arrayBufferMb}, false);
   } else {
     auto& slot = retained[tool->revision];
     if (!slot) {
       slot = std::make_shared<Slot>(asio::make_strand(io), tool->revision, tool->name,
-                                    SandboxSettings{base->heapMb, base->arrayBufferMb}, true);
+                                    SandboxSettings{base.heapMb, base.arrayBufferMb}, true);
     } else if (slot->pending >= config.maxQueuedPerSandbox) {
       return failed(tool, CallErrc::overloaded,
                     "the sandbox of " + tool->name + " already has " +
@@ -463,6 +449,14 @@ asio::awaitable<CallOutcome> SandboxPool::Impl::run(std::shared_ptr<CallJob> job
   }
   const auto started = Clock::now();
   call.deadline = started + std::chrono::milliseconds(call.limits.wallMs);
+  if (auto onStart = std::move(job->onStart)) {
+    job->onStart = nullptr;
+    try {
+      onStart();
+    } catch (const std::exception& e) {
+      spdlog::error("runtime: the start hook of a call of {} threw: {}", job->tool->name, e.what());
+    }
+  }
   if (!slot.sandbox) {
     slot.sandbox = std::make_unique<Sandbox>(job->tool, slot.settings, watchdog, platform);
     outcome.usage.freshSandbox = true;
@@ -472,19 +466,27 @@ asio::awaitable<CallOutcome> SandboxPool::Impl::run(std::shared_ptr<CallJob> job
 
   asio::steady_timer waker(slot.strand);
   call.wake = [&waker] { waker.cancel(); };
-  call.post = [strand = slot.strand](std::function<void()> fn) {
-    asio::post(strand, std::move(fn));
-  };
+  {
+    std::lock_guard guard(call.opsMutex);
+    call.post = [strand = slot.strand](std::function<void()> fn) {
+      asio::post(strand, std::move(fn));
+    };
+  }
   sandbox.beginCall(job->call);
 
   std::optional<CallError> error;
   try {
     Sandbox::Step step = sandbox.start(job->arguments);
-    // The call ends when its promise settled and no host operation is outstanding. Between
-    // segments it holds no V8 lock or handle: only the timer wait below suspends.
-    while (sandbox.kill() == Kill::none && step.progress != Sandbox::Progress::failed) {
-      if (step.progress == Sandbox::Progress::settled && call.outstandingOps == 0) break;
-      if (step.progress == Sandbox::Progress::pending && call.outstandingOps == 0) {
+    // The call ends when its promise settled (or it failed) and no host operation is
+    // outstanding, or when it is cut short. Between segments it holds no V8 lock or handle: only
+    // the timer wait below suspends, and completions, cancellation and the end of a wall-clock
+    // pause wake it.
+    std::optional<Sandbox::Step> failure;  // the first failure; the call still waits for its ops
+    while (sandbox.kill() == Kill::none) {
+      if (step.progress == Sandbox::Progress::failed && !failure) failure = step;
+      const bool finished = failure || step.progress == Sandbox::Progress::settled;
+      if (finished && call.outstandingOps == 0) break;
+      if (!finished && call.outstandingOps == 0) {
         sandbox.stop(Kill::timeout);
         error = CallError{CallErrc::timeout,
                           "the tool's promise is still pending and nothing it awaits can settle "
@@ -498,22 +500,19 @@ asio::awaitable<CallOutcome> SandboxPool::Impl::run(std::shared_ptr<CallJob> job
           sandbox.stop(Kill::cancelled);
           break;
         }
-        waker.expires_at(call.deadline);
-        co_await waker.async_wait(asio::as_tuple(asio::use_awaitable));
-        if (call.cancelRequested.load()) {
-          sandbox.stop(Kill::cancelled);
+        const CallState::WallClock clock = call.wallClock();
+        if (!clock.paused && Clock::now() >= clock.deadline) {
+          sandbox.stop(Kill::timeout);
           break;
         }
-        if (call.completions.empty()) {
-          if (Clock::now() >= call.deadline) {
-            sandbox.stop(Kill::timeout);
-            break;
-          }
-          continue;
-        }
+        // While an operation holds the clock paused there is no deadline; its resume wakes us.
+        waker.expires_at(clock.paused ? Clock::time_point::max() : clock.deadline);
+        co_await waker.async_wait(asio::as_tuple(asio::use_awaitable));
+        continue;
       }
       step = sandbox.resume();
     }
+    if (failure) step = *failure;
     if (!error && sandbox.kill() == Kill::none) {
       if (step.progress == Sandbox::Progress::failed) {
         error = step.error.value_or(CallError{CallErrc::cancelled, "the call was stopped", {}});
@@ -680,6 +679,19 @@ bool SandboxPool::terminate(const std::string& revision) {
   }
   if (running) running->cancel("the sandbox was terminated by an administrator");
   return true;
+}
+
+std::vector<StalledCall> SandboxPool::stalled(std::chrono::milliseconds grace) const {
+  auto overdue = impl_->watchdog.overdue(grace);
+  if (overdue.empty()) return {};
+  std::vector<StalledCall> out;
+  std::lock_guard lock(impl_->mutex);
+  for (const auto& job : impl_->jobs) {
+    for (const auto& segment : overdue) {
+      if (segment.epoch == job->call->epoch) out.push_back({job->tag, segment.reason});
+    }
+  }
+  return out;
 }
 
 void SandboxPool::discard(const std::string& revision) {

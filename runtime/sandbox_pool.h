@@ -10,6 +10,10 @@
 //    moment it has the sandbox (waiting behind other calls of the same revision is not counted;
 //    the caller bounds that wait by cancelling).
 //  - The CapabilityHost is called on V8 worker threads, never with an isolate locked.
+//  - Host operations (fetch, popup, storage, secrets): a call whose promise settled still waits
+//    for the operations it started (up to its wall-clock deadline, which moves later while an
+//    operation pauses the clock). A call cut short (cancel, timeout, a limit, shutdown, the pool's
+//    destructor) does not wait: it aborts them (HostOperation::onAbort) and ends.
 //  - Every kill (wall clock, CPU, heap, ArrayBuffer, cancel, terminate) and every failure at the
 //    boundary (invalid module or result, output too large, stack overflow) discards the sandbox;
 //    a tool that merely threw keeps it.
@@ -18,17 +22,21 @@
 //    stall a worker well past its limits (Array.prototype.fill over a 1e8-element sparse array:
 //    minutes and GBs) or abort the process ("Fatal JavaScript invalid size error", e.g.
 //    'x'.repeat(2 ** 28).split('')). Only a separate process per sandbox (or per pool) closes
-//    that; see the runtime's issue notes.
+//    that: ProcessSandboxPool runs this pool in supervised sandbox host processes and kills one
+//    whose call does not stop (see stalled()).
 #pragma once
 
 #include "registry/registry.h"
 #include "runtime/call_outcome.h"
 #include "runtime/capability_host.h"
 #include "runtime/limits.h"
+#include "runtime/tool_runner.h"
+#include "runtime/watchdog.h"
 
 #include <boost/asio/awaitable.hpp>
 #include <boost/json/object.hpp>
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -36,43 +44,36 @@
 
 namespace toolhost::runtime {
 
-struct SandboxInfo {
-  std::string revision;
-  std::string name;
-  std::uint64_t calls = 0;      // calls this sandbox has run
-  std::uint64_t heapBytes = 0;  // heap (plus ArrayBuffer bytes) measured after its last call
-  std::int64_t idleMs = 0;      // since its last call ended; 0 while busy
-  bool busy = false;            // a call is running or waiting for it
+// A call whose JavaScript was told to stop (a limit or a cancel) and is still inside V8.
+struct StalledCall {
+  std::uint64_t tag = 0;  // CallOptions::tag
+  Kill reason = Kill::none;
 };
 
-class SandboxPool {
+class SandboxPool final : public ToolRunner {
  public:
   // Starts the worker threads and the watchdog. Needs a live V8Platform; `host` must outlive the
   // pool. Throws std::invalid_argument for a configuration that cannot work (e.g. no workers).
   SandboxPool(RuntimeConfig config, CapabilityHost& host);
   // Cancels every call, joins the workers and disposes every isolate.
-  ~SandboxPool();
+  ~SandboxPool() override;
   SandboxPool(const SandboxPool&) = delete;
   SandboxPool& operator=(const SandboxPool&) = delete;
 
-  // Runs the tool's default export with `arguments` (already validated against its parameters)
-  // in its retained sandbox, or in a fresh one for Mode::disposable (or when the request tightens
-  // heapMb or arrayBufferMb below what the retained sandbox was built with). Expected failures
-  // are CallErrors; an exception means a bug.
+  // ToolRunner (see there).
   boost::asio::awaitable<CallOutcome> call(registry::ToolRevisionPtr tool,
                                            const boost::json::object& arguments,
-                                           CallOptions options);
+                                           CallOptions options) override;
+  std::vector<SandboxInfo> list() const override;
+  bool terminate(const std::string& revision) override;
+  void discard(const std::string& revision) override;
+  const RuntimeConfig& config() const override;
 
-  // Each retained sandbox, least recently used first.
-  std::vector<SandboxInfo> list() const;
-  // Ends the retained sandbox of `revision`: a running call ends with CallErrc::cancelled, the
-  // isolate is disposed; calls waiting for it run in fresh sandboxes. False if there was none.
-  bool terminate(const std::string& revision);
-  // The binding moved away from `revision`: its sandbox is no longer retained (a running call
-  // finishes; the isolate is disposed after it).
-  void discard(const std::string& revision);
-
-  const RuntimeConfig& config() const;
+  // Calls whose JavaScript was told to stop at least `grace` ago (by the watchdog, a heap or
+  // ArrayBuffer kill, a cancel) and whose thread is still inside V8: a builtin looping in C++
+  // without checking for termination. Such an isolate cannot be recovered; only killing the
+  // process ends it. Any thread.
+  std::vector<StalledCall> stalled(std::chrono::milliseconds grace) const;
 
  private:
   struct Impl;

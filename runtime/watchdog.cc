@@ -32,6 +32,7 @@ void Watchdog::arm(std::uint64_t epoch, const Arm& arm) {
   {
     std::lock_guard lock(mutex_);
     arms_[epoch] = arm;
+    fired_.erase(epoch);
   }
   wake_.notify_all();
 }
@@ -39,6 +40,7 @@ void Watchdog::arm(std::uint64_t epoch, const Arm& arm) {
 void Watchdog::disarm(std::uint64_t epoch) {
   std::lock_guard lock(mutex_);
   arms_.erase(epoch);
+  fired_.erase(epoch);
 }
 
 void Watchdog::kill(std::uint64_t epoch, Kill reason) {
@@ -46,7 +48,28 @@ void Watchdog::kill(std::uint64_t epoch, Kill reason) {
   auto found = arms_.find(epoch);
   if (found == arms_.end()) return;
   fire(found->second, reason);
+  firedLocked(epoch, found->second, Clock::now());
   arms_.erase(found);
+}
+
+void Watchdog::firedLocked(std::uint64_t epoch, const Arm& arm, Clock::time_point now) {
+  // The reason that stuck is the first one recorded (maybe by the heap callback, earlier).
+  fired_[epoch] = Fired{now, static_cast<Kill>(arm.kill->load())};
+}
+
+std::vector<Watchdog::Overdue> Watchdog::overdue(Clock::duration grace) const {
+  std::vector<Overdue> out;
+  const auto now = Clock::now();
+  std::lock_guard lock(mutex_);
+  for (const auto& [epoch, fired] : fired_) {
+    if (now - fired.at >= grace) out.push_back({epoch, fired.reason});
+  }
+  for (const auto& [epoch, arm] : arms_) {
+    if (arm.wallDeadline != Clock::time_point::max() && now - arm.wallDeadline >= grace) {
+      out.push_back({epoch, Kill::timeout});
+    }
+  }
+  return out;
 }
 
 void Watchdog::fire(const Arm& arm, Kill reason) {
@@ -78,6 +101,7 @@ void Watchdog::run() {
       }
       if (reason != Kill::none) {
         fire(arm, reason);
+        firedLocked(it->first, arm, now);
         it = arms_.erase(it);
       } else {
         ++it;

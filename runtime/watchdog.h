@@ -2,7 +2,7 @@
 // deadline with Isolate::TerminateExecution. Every arm is keyed by the epoch of one call (unique
 // for the pool's lifetime) and removed under the watchdog's mutex, so a kill can reach only the
 // segment it was armed for: once disarm() returns, that arm can no longer fire. arm() and
-// disarm() are called by the worker running the segment; kill() from any thread.
+// disarm() are called by the worker running the segment; kill() and overdue() from any thread.
 #pragma once
 
 #include <atomic>
@@ -13,6 +13,7 @@
 #include <map>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 namespace v8 {
 class Isolate;
@@ -52,6 +53,15 @@ class Watchdog {
   // Stops the segment armed for `epoch` now, if there is one.
   void kill(std::uint64_t epoch, Kill reason);
 
+  // Segments still not disarmed `grace` after they were stopped (or, should this thread ever fall
+  // behind, after their wall deadline): JavaScript stuck in a builtin that never checks for
+  // termination. With the reason each was stopped for.
+  struct Overdue {
+    std::uint64_t epoch = 0;
+    Kill reason = Kill::none;
+  };
+  std::vector<Overdue> overdue(Clock::duration grace) const;
+
   // Nanoseconds on a thread CPU clock.
   static std::int64_t cpuNowNs(clockid_t clock);
 
@@ -59,9 +69,17 @@ class Watchdog {
   void run();
   static void fire(const Arm& arm, Kill reason);
 
-  std::mutex mutex_;
+  struct Fired {
+    Clock::time_point at;
+    Kill reason = Kill::none;
+  };
+  // Records that the segment of `epoch` was stopped; under mutex_.
+  void firedLocked(std::uint64_t epoch, const Arm& arm, Clock::time_point now);
+
+  mutable std::mutex mutex_;
   std::condition_variable wake_;
-  std::map<std::uint64_t, Arm> arms_;  // by call epoch
+  std::map<std::uint64_t, Arm> arms_;     // by call epoch
+  std::map<std::uint64_t, Fired> fired_;  // stopped, not yet disarmed
   bool stop_ = false;
   std::thread thread_;
 };

@@ -3,8 +3,12 @@
 #include <catch2/catch.hpp>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <fstream>
+#include <string>
+#include <vector>
 
 using namespace toolhost::daemon;
 namespace fs = std::filesystem;
@@ -107,4 +111,63 @@ TEST_CASE("socket path: flag, then TOOLHOST_SOCKET, then config; too long refuse
   CHECK_THAT(tooLong.error().detail, Catch::Contains("at most 107 bytes"));
   commandLine.socketPath = "/tmp/" + std::string(102, 'x');  // 107 bytes
   CHECK(loadConfig(commandLine).has_value());
+}
+
+TEST_CASE("[fetch]: opened ranges, the extra CA file, limits; what a reload applies",
+          "[config][fetch]") {
+  auto defaults = load("");
+  REQUIRE(defaults.has_value());
+  CHECK(defaults->fetch.allowPrivate.empty());
+  CHECK_FALSE(defaults->fetch.extraCaFile.has_value());
+  CHECK(defaults->fetch.timeout == std::chrono::milliseconds(30000));
+  CHECK(defaults->fetch.maxResponseBytes == 16u << 20);
+  CHECK(defaults->fetch.maxRequestBytes == 8u << 20);
+
+  ConfigFile ca("-----BEGIN CERTIFICATE-----\n");
+  auto config =
+      load("[fetch]\nallow_private = [\"10.1.2.0/24\", \"127.0.0.1\"]\nextra_ca_file = \"" +
+           ca.path.string() +
+           "\"\ntimeout_ms = 5000\nmax_response_bytes = 1000\nmax_request_bytes = 10\n");
+  REQUIRE(config.has_value());
+  REQUIRE(config->fetch.allowPrivate.size() == 2);
+  CHECK(config->fetch.allowPrivate[0].toString() == "10.1.2.0/24");
+  CHECK(config->fetch.allowPrivate[1].toString() == "127.0.0.1/32");
+  CHECK(config->fetch.extraCaFile == ca.path);
+  CHECK(config->fetch.timeout == std::chrono::milliseconds(5000));
+  CHECK(config->fetch.maxResponseBytes == 1000);
+  CHECK(config->fetch.maxRequestBytes == 10);
+  // A relative path is read from the config file's directory.
+  auto relative = load("[fetch]\nextra_ca_file = \"" + ca.path.filename().string() + "\"\n");
+  REQUIRE(relative.has_value());
+  CHECK(relative->fetch.extraCaFile == ca.path);
+
+  auto check = [](const std::string& text, const std::string& expected) {
+    auto loaded = load(text);
+    REQUIRE_FALSE(loaded.has_value());
+    CHECK_THAT(loaded.error().detail, Catch::Contains(expected));
+  };
+  check("[fetch]\nallow_private = [\"10.1.2.5/24\"]\n", "fetch.allow_private[0]");
+  check("[fetch]\nallow_private = [\"10.1.2.5/24\"]\n", "10.1.2.0/24");
+  check("[fetch]\nallow_private = \"10.0.0.0/8\"\n", "must be a list");
+  check("[fetch]\nallow_private = [\"localhost\"]\n", "fetch.allow_private[0]");
+  check("[fetch]\nextra_ca_file = \"/no/such/ca.pem\"\n", "fetch.extra_ca_file");
+  check("[fetch]\ntimeout_ms = 0\n", "fetch.timeout_ms");
+  check("[fetch]\nallow_privat = []\n", "fetch.allow_privat");
+
+  // A reload applies the limits; the HTTPS client's ranges and CA need a restart.
+  Config next = *config;
+  next.fetch.timeout = std::chrono::milliseconds(100);
+  next.fetch.allowPrivate.clear();
+  next.fetch.extraCaFile.reset();
+  auto changes = reconcileReload(*config, next);
+  auto mentions = [](const std::vector<std::string>& lines, const std::string& key) {
+    return std::any_of(lines.begin(), lines.end(),
+                       [&](const std::string& line) { return line.starts_with(key); });
+  };
+  CHECK(mentions(changes.applied, "fetch.timeout_ms"));
+  CHECK(mentions(changes.needRestart, "fetch.allow_private"));
+  CHECK(mentions(changes.needRestart, "fetch.extra_ca_file"));
+  CHECK(next.fetch.timeout == std::chrono::milliseconds(100));
+  CHECK(next.fetch.allowPrivate.size() == 2);
+  CHECK(next.fetch.extraCaFile == ca.path);
 }

@@ -230,3 +230,30 @@ TEST_CASE("capabilities: policy-gated ones refuse; subtasks go through the core"
   CHECK(errorCode(refused) == -32008);
   CHECK(refused.at("error").at("data").at("toolError").at("code") == "not-authorized");
 }
+
+TEST_CASE("a tool that crashes or wedges V8 takes down only its sandbox process", "[e2e][runtime]") {
+  DaemonOptions options;
+  options.configToml = "[runtime]\nkill_grace_ms = 300\n";
+  auto daemon = DaemonProcess::start(options);
+  RawClient client(daemon->socket());
+  auto limits = json::object{{"limits", json::parse(R"({"wallMs":400,"heapMb":16})")}};
+  // V8 aborts the whole process on this ("invalid size error"), whatever the heap limit.
+  deploy(client, jsTool("fatal", "export default async () => 'x'.repeat(2 ** 28).split('')", limits));
+  // A builtin that loops in C++ without checking for termination.
+  auto wedgeLimits = json::object{{"limits", json::parse(R"({"wallMs":300,"heapMb":64})")}};
+  deploy(client, jsTool("wedge", "export default async () => { new Array(5e7).fill(0); return 1; }", wedgeLimits));
+  deploy(client, jsTool("fine", "export default async () => 'still here'"));
+
+  auto crashed = call(client, "fatal");
+  CHECK(errorCode(crashed) == -32018);
+  CHECK(errorKind(crashed) == "sandbox-crashed");
+  CHECK(resultOf(call(client, "fine")) == "still here");
+
+  auto started = std::chrono::steady_clock::now();
+  auto wedged = call(client, "wedge");
+  CHECK((errorCode(wedged) == -32004 || errorCode(wedged) == -32005));
+  CHECK(std::chrono::steady_clock::now() - started < std::chrono::seconds(10));
+  CHECK(resultOf(call(client, "fine")) == "still here");
+  CHECK(daemon->running());
+  CHECK(client.call("daemon.health").at("result").at("status") == "ok");
+}

@@ -1,9 +1,11 @@
 // Helpers for the runtime tests: the process-wide V8 platform, tool revisions built in memory,
-// a recording CapabilityHost, and ways to await SandboxPool::call from a test thread.
+// a recording CapabilityHost, and ways to await ToolRunner::call (SandboxPool or
+// ProcessSandboxPool) from a test thread.
 #pragma once
 
 #include "registry/registry.h"
 #include "runtime/sandbox_pool.h"
+#include "runtime/tool_runner.h"
 #include "runtime/v8_platform.h"
 
 #include <boost/asio/bind_cancellation_slot.hpp>
@@ -18,6 +20,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -75,11 +79,44 @@ class FakeHost : public CapabilityHost {
     return boost::json::array{boost::json::object{{"id", "sha256:task-1"}, {"drafts", drafts}}};
   }
 
+  // Records "kind request-json", then hands the operation to `onOperation` if set, else to the
+  // default CapabilityHost (which refuses it as not-authorized, synchronously).
+  using OperationHandler =
+      std::function<void(const std::string& kind, const boost::json::value& request,
+                         std::shared_ptr<HostOperation> operation)>;
+  void startOperation(const registry::ToolRevision& caller, const boost::json::object& invocation,
+                      const std::string& kind, boost::json::value request,
+                      std::shared_ptr<HostOperation> operation) override {
+    OperationHandler handler;
+    {
+      std::lock_guard lock(mutex_);
+      operations_.push_back(kind + " " + boost::json::serialize(request));
+      handler = onOperation_;
+    }
+    if (handler) {
+      handler(kind, request, std::move(operation));
+    } else {
+      CapabilityHost::startOperation(caller, invocation, kind, std::move(request),
+                                     std::move(operation));
+    }
+  }
+
+  void onOperation(OperationHandler handler) {
+    std::lock_guard lock(mutex_);
+    onOperation_ = std::move(handler);
+  }
+  std::vector<std::string> operations() const {
+    std::lock_guard lock(mutex_);
+    return operations_;
+  }
+
   std::vector<std::string> resolved;
   std::vector<std::string> subtasks;
 
  private:
-  std::mutex mutex_;
+  mutable std::mutex mutex_;
+  OperationHandler onOperation_;
+  std::vector<std::string> operations_;
 };
 
 // A small pool for tests: short defaults so a runaway tool ends quickly.
@@ -94,7 +131,7 @@ inline RuntimeConfig testConfig() {
 }
 
 // Awaits one call on a private io_context.
-inline CallOutcome callTool(SandboxPool& pool, const registry::ToolRevisionPtr& tool,
+inline CallOutcome callTool(ToolRunner& pool, const registry::ToolRevisionPtr& tool,
                             const boost::json::object& arguments = {}, CallOptions options = {}) {
   boost::asio::io_context io;
   std::optional<CallOutcome> out;
@@ -116,7 +153,7 @@ struct CallRequest {
 };
 
 // Starts every call at once (in order) and waits for all.
-inline std::vector<CallOutcome> callTogether(SandboxPool& pool, std::vector<CallRequest> requests) {
+inline std::vector<CallOutcome> callTogether(ToolRunner& pool, std::vector<CallRequest> requests) {
   boost::asio::io_context io;
   std::vector<std::optional<CallOutcome>> out(requests.size());
   for (std::size_t i = 0; i < requests.size(); ++i) {
@@ -134,7 +171,7 @@ inline std::vector<CallOutcome> callTogether(SandboxPool& pool, std::vector<Call
 }
 
 // Starts a call, cancels it (terminal) after `after`, and waits for it.
-inline CallOutcome callAndCancel(SandboxPool& pool, const registry::ToolRevisionPtr& tool,
+inline CallOutcome callAndCancel(ToolRunner& pool, const registry::ToolRevisionPtr& tool,
                                  std::chrono::milliseconds after, CallOptions options = {}) {
   boost::asio::io_context io;
   boost::asio::cancellation_signal signal;

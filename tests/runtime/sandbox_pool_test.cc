@@ -189,7 +189,7 @@ TEST_CASE("ctx offers exactly its doors, frozen, and denies what policy has not 
         frozen: [Object.isFrozen(ctx), Object.isFrozen(ctx.tool), Object.isFrozen(ctx.storage)],
         fetch: await outcome(() => fetch('https://example.com')),
         ctxFetch: await outcome(() => ctx.fetch('https://example.com')),
-        popup: await outcome(() => ctx.popup({url: 'https://example.com'})),
+        popup: await outcome(() => ctx.popup({kind: 'origin', url: 'https://example.com'})),
         secret: await outcome(() => ctx.secret('api_key')),
         storage: await outcome(() => ctx.storage.get('k')),
         storageSet: await outcome(() => ctx.storage.set('k', 1)),
@@ -212,7 +212,7 @@ TEST_CASE("ctx offers exactly its doors, frozen, and denies what policy has not 
     INFO(door);
     CHECK(r.at(door).at("code") == "not-authorized");
     CHECK_THAT(std::string(r.at(door).at("message").as_string()),
-               Catch::Contains("the policy engine has not granted it"));
+               Catch::Contains("is not granted to sandboxed tools by this daemon"));
   }
   for (const char* door : {"resolve", "subtasks"}) {
     INFO(door);
@@ -223,6 +223,14 @@ TEST_CASE("ctx offers exactly its doors, frozen, and denies what policy has not 
   CHECK(r.at("construct").at("name") == "TypeError");
   CHECK(f.host.resolved.empty());
   CHECK(f.host.subtasks.empty());
+  // Every operation reached the host, which refused it.
+  CHECK(
+      f.host.operations() ==
+      std::vector<std::string>{R"(fetch {"url":"https://example.com","method":"GET","headers":[]})",
+                               R"(fetch {"url":"https://example.com","method":"GET","headers":[]})",
+                               R"(popup {"kind":"origin","url":"https://example.com"})",
+                               R"(secret {"name":"api_key"})", R"(storage {"op":"get","key":"k"})",
+                               R"(storage {"op":"set","key":"k","value":1})"});
 }
 
 TEST_CASE("resolveInvocation and createSubtasksResult reach the host with subtasks granted",
@@ -296,6 +304,7 @@ TEST_CASE("a ctx kept in module state rejects in later calls", "[pool][ctx]") {
       json::parse(
           R"({"errors":["call-ended","call-ended","call-ended","call-ended"],"fresh":"sha256:resolved-y","same":true})"));
   CHECK(f.host.resolved == std::vector<std::string>{"test-tool -> y"});
+  CHECK(f.host.operations().empty());  // nothing of the stale ctx reached the host
 }
 
 TEST_CASE("console output is collected per call and bounded", "[pool][console]") {

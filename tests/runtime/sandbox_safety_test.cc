@@ -73,7 +73,10 @@ TEST_CASE("an infinite microtask chain ends at its limit", "[safety]") {
         limits({{"wallMs", 400}, {"cpuMs", 300}}));
     auto outcome = f.call(tool);
     INFO(describe(outcome));
-    CHECK((errc(outcome) == CallErrc::timeout || errc(outcome) == CallErrc::cpuLimit));
+    // Each level keeps the one before it alive (40-70 MB of promises within these limits), so the
+    // 32 MiB heap may run out before the clock does.
+    CHECK((errc(outcome) == CallErrc::timeout || errc(outcome) == CallErrc::cpuLimit ||
+           errc(outcome) == CallErrc::memoryLimit));
   }
   requireHealthy(f);
 }

@@ -79,6 +79,28 @@ TEST_CASE("the watchdog kills only the segment it was armed for", "[watchdog]") 
     CHECK(killOf(kill) == Kill::cpuLimit);
     watchdog.disarm(5);
   }
+  SECTION("a segment told to stop and still armed a grace later is overdue until disarmed") {
+    watchdog.arm(7, arm(10s, farCpu));
+    CHECK(watchdog.overdue(0ms).empty());  // running, not told to stop
+    watchdog.kill(7, Kill::cancelled);
+    CHECK(watchdog.overdue(1s).empty());  // within the grace
+    std::this_thread::sleep_for(30ms);
+    auto overdue = watchdog.overdue(20ms);
+    REQUIRE(overdue.size() == 1);
+    CHECK(overdue[0].epoch == 7);
+    CHECK(overdue[0].reason == Kill::cancelled);
+    watchdog.disarm(7);
+    CHECK(watchdog.overdue(0ms).empty());
+  }
+  SECTION("fired by its deadline, it reports the reason that stuck first") {
+    recordKill(kill, Kill::memoryLimit);
+    watchdog.arm(8, arm(0ms, farCpu));
+    std::this_thread::sleep_for(50ms);
+    auto overdue = watchdog.overdue(10ms);
+    REQUIRE(overdue.size() == 1);
+    CHECK(overdue[0].reason == Kill::memoryLimit);
+    watchdog.disarm(8);
+  }
   SECTION("the first reason wins") {
     recordKill(kill, Kill::memoryLimit);
     watchdog.arm(6, arm(0ms, farCpu));

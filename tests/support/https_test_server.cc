@@ -19,6 +19,7 @@
 #include <boost/beast/http/write.hpp>
 #include <boost/json/array.hpp>
 #include <boost/json/object.hpp>
+#include <boost/json/parse.hpp>
 #include <boost/json/serialize.hpp>
 
 #include <condition_variable>
@@ -300,6 +301,34 @@ asio::awaitable<After> HttpsTestServer::Impl::respond(Stream& stream, Request& r
                                                      asio::as_tuple(asio::use_awaitable));
       if (ec) co_return After::closed;
     }
+  }
+  if (path == "/rpc") {
+    boost::json::object answer{{"jsonrpc", "2.0"}, {"id", nullptr}};
+    boost::system::error_code parseError;
+    const boost::json::value call = boost::json::parse(request.body(), parseError);
+    const boost::json::object* fields = parseError ? nullptr : call.if_object();
+    const boost::json::value* params = fields ? fields->if_contains("params") : nullptr;
+    if (fields == nullptr || params == nullptr || !params->is_object() ||
+        fields->if_contains("method") == nullptr || fields->at("method") != "tools.call") {
+      answer["error"] = boost::json::object{{"code", -32600}, {"message", "not a tools.call"}};
+    } else {
+      if (const auto* id = fields->if_contains("id")) answer["id"] = *id;
+      const auto& object = params->as_object();
+      const boost::json::value* arguments = object.if_contains("arguments");
+      const boost::json::value* fail = arguments && arguments->is_object()
+                                           ? arguments->as_object().if_contains("fail")
+                                           : nullptr;
+      if (fail != nullptr && fail->is_string()) {
+        answer["error"] = boost::json::object{{"code", -32000}, {"message", *fail}};
+      } else {
+        answer["result"] = boost::json::object{
+            {"name", object.contains("name") ? object.at("name") : boost::json::value()},
+            {"arguments", arguments ? *arguments : boost::json::value()}};
+      }
+    }
+    co_return co_await send(
+        stream, head, keepAlive,
+        textResponse(http::status::ok, boost::json::serialize(answer), "application/json"));
   }
   if (path == "/status") {
     const auto code = static_cast<unsigned>(numberParameter(query, "code", 200));

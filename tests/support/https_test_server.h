@@ -17,6 +17,10 @@
 //   /slow?ms=N          waits N ms before the response headers
 //   /hang               never answers; holds the connection until the client closes it
 //   /status?code=N      status N, body "status N" (no body for 1xx, 204, 304)
+//   /rpc                a JSON-RPC endpoint of an external-service tool: a POSTed tools.call
+//                       {name, arguments} is answered with the result {name, arguments} (an
+//                       echo), or with the error {code: -32000, message: arguments.fail} when
+//                       arguments.fail is a string; anything else gets a JSON-RPC error
 //   anything else       404
 #pragma once
 

@@ -1,0 +1,170 @@
+#!/usr/bin/env bash
+# The toolhost benchmark, one run (see bench/README.md): the in-process V8 floors, the bare Asio
+# NDJSON echo server, then a release toolhostd, all measured with the same client; prints the
+# table of figures, ratios and targets and writes it to bench/results/<date>-<commit>.md.
+# A report, not a test: it exits 0 whether or not the targets are met (non-zero only if a
+# measurement could not be taken).
+#
+#   bench/run.sh [BUILD_DIR]        (default build/release; `make bench` builds and runs it)
+#
+# Environment: BENCH_DURATION (seconds per throughput phase, default 3), BENCH_SEQUENTIAL (timed
+# sequential calls, default 5000), BENCH_REVISIONS (fresh revisions for the cold-call and RSS
+# phase, default 1000), BENCH_COMMIT and BENCH_COMMIT_NOTE (below).
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+BUILD=${1:-build/release}
+[[ $BUILD = /* ]] || BUILD=$ROOT/$BUILD
+BENCH=$BUILD/bench/toolhost_bench
+DAEMON=$BUILD/daemon/toolhostd
+CTL=$BUILD/cli/toolhostctl
+DURATION=${BENCH_DURATION:-3}
+SEQUENTIAL=${BENCH_SEQUENTIAL:-5000}
+REVISIONS=${BENCH_REVISIONS:-1000}
+INFLIGHT=1,16,64
+
+for program in "$BENCH" "$DAEMON" "$CTL"; do
+  if [[ ! -x $program ]]; then
+    echo "run.sh: $program is missing; build it first:" >&2
+    echo "  cmake --preset release && cmake --build --preset release --target toolhost_bench toolhostd toolhostctl" >&2
+    exit 1
+  fi
+done
+
+BUILD_TYPE=$(sed -n 's/^CMAKE_BUILD_TYPE:STRING=//p' "$BUILD/CMakeCache.txt" 2>/dev/null || true)
+if [[ $BUILD_TYPE != Release ]]; then
+  echo "run.sh: warning: $BUILD is a '${BUILD_TYPE:-unknown}' build; the figures mean something only for Release" >&2
+fi
+
+WORK=$(mktemp -d /tmp/thbench.XXXXXX)
+FIGURES=$WORK/figures.txt
+ECHO_PID=""
+DAEMON_PID=""
+
+stop() {  # stop PID: SIGTERM, then wait for it
+  local pid=$1
+  [[ -n $pid ]] || return 0
+  kill -TERM "$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+}
+cleanup() {
+  stop "$ECHO_PID"
+  stop "$DAEMON_PID"
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+wait_for_socket() {  # wait_for_socket PATH PID
+  for _ in $(seq 200); do
+    [[ -S $1 ]] && return 0
+    kill -0 "$2" 2>/dev/null || { echo "run.sh: the server exited before listening" >&2; return 1; }
+    sleep 0.05
+  done
+  echo "run.sh: nothing listens on $1" >&2
+  return 1
+}
+
+figure() { echo "$1 $2" >>"$FIGURES"; }
+# CPU time of the whole machine from /proc/stat: "busy steal total" in ticks. Steal is time this
+# virtual machine's CPUs were runnable but the host ran something else: a noisy-neighbour gauge.
+machine_ticks() { awk '/^cpu /{t=0; for(i=2;i<=NF;i++) t+=$i; print t-$5-$6, $9, t}' /proc/stat; }
+step() { printf '== %s\n' "$*" >&2; }
+
+# --- What this run is -------------------------------------------------------------------------
+# BENCH_COMMIT (and BENCH_COMMIT_NOTE) name the tree the binaries were built from when it is not
+# this checkout as it stands (e.g. a snapshot of HEAD built elsewhere).
+if [[ -n ${BENCH_COMMIT:-} ]]; then
+  COMMIT=$BENCH_COMMIT
+  DIRTY=${BENCH_COMMIT_NOTE:+ ($BENCH_COMMIT_NOTE)}
+else
+  COMMIT=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)
+  DIRTY=""
+  [[ -z $(git -C "$ROOT" status --porcelain 2>/dev/null) ]] || DIRTY=" (working tree with uncommitted changes)"
+fi
+DATE=$(date +%Y-%m-%d)
+figure meta.date "$(date '+%Y-%m-%d %H:%M %Z')"
+figure meta.commit "$COMMIT$DIRTY"
+figure meta.cpu "$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n1)"
+figure meta.nproc "$(nproc)"
+figure meta.load_before "$(cut -d' ' -f1-3 /proc/loadavg)"
+read -r BUSY_BEFORE STEAL_BEFORE TOTAL_BEFORE < <(machine_ticks)
+figure meta.duration_s "$DURATION"
+figure meta.revisions "$REVISIONS"
+step "load average before the run: $(cut -d' ' -f1-3 /proc/loadavg) on $(nproc) cores"
+
+# The same call for both servers: the echo server answers with the params as the result, the
+# daemon runs the trivial tool.
+PARAMS='{"name":"bench-echo","arguments":{"text":"hello","n":1}}'
+CLIENT_ARGS=(--params "$PARAMS" --sequential "$SEQUENTIAL" --inflight "$INFLIGHT" --duration "$DURATION")
+
+# --- In-process V8 floors ---------------------------------------------------------------------
+step "in-process V8: isolate create + call (100 kept alive), RSS per isolate (100, 1000), warm call, isolate create + call + dispose"
+"$BENCH" v8-floor --kept 100 --warm 0 --cold 0 --prefix v8. >>"$FIGURES"
+"$BENCH" v8-floor --isolates "100,$REVISIONS" --prefix v8. >>"$FIGURES"
+
+# --- The transport floor: bare Asio NDJSON echo -----------------------------------------------
+step "echo server: sequential, then 1/16/64 in flight for ${DURATION}s each"
+"$BENCH" echo-server "$WORK/echo.sock" 2>"$WORK/echo.log" &
+ECHO_PID=$!
+wait_for_socket "$WORK/echo.sock" "$ECHO_PID"
+"$BENCH" client "$WORK/echo.sock" "${CLIENT_ARGS[@]}" --server-pid "$ECHO_PID" --prefix echo. >>"$FIGURES"
+stop "$ECHO_PID"
+ECHO_PID=""
+
+# --- toolhostd (release) ----------------------------------------------------------------------
+cat >"$WORK/toolhost.toml" <<'EOF'
+[limits]
+max_in_flight = 256
+
+[runtime]
+max_retained = 2000
+memory_budget_mb = 16384
+EOF
+figure meta.daemon_config "${BUILD_TYPE:-unknown} build, defaults (io_threads 2, workers 2, log level info) but max_in_flight 256, max_retained 2000, memory_budget_mb 16384"
+mkdir -p "$WORK/state"
+SOCKET=$WORK/d.sock
+"$DAEMON" --socket "$SOCKET" --state-dir "$WORK/state" --config "$WORK/toolhost.toml" \
+  --log-format text 2>"$WORK/daemon.log" &
+DAEMON_PID=$!
+wait_for_socket "$SOCKET" "$DAEMON_PID"
+
+step "toolhostd: install + activate the trivial tool"
+MANIFEST='{"manifest":{"name":"bench-echo","description":"benchmark: returns its arguments",
+  "parameters":{"type":"object","properties":{"text":{"type":"string"},"n":{"type":"integer"}},"required":["text"]},
+  "execution":{"class":"sandboxed-code","runtime":"javascript","source":"export default async (args) => args"}}}'
+INSTALLED=$("$CTL" --socket "$SOCKET" --compact call tools.install "$MANIFEST")
+REVISION=$(sed -E 's/.*"revision":"([^"]+)".*/\1/' <<<"$INSTALLED")
+"$CTL" --socket "$SOCKET" --compact call tools.activate \
+  "{\"name\":\"bench-echo\",\"revision\":\"$REVISION\",\"replace\":true}" >/dev/null
+
+step "toolhostd: sequential, then 1/16/64 in flight for ${DURATION}s each"
+"$BENCH" client "$SOCKET" "${CLIENT_ARGS[@]}" --server-pid "$DAEMON_PID" --prefix daemon. >>"$FIGURES"
+
+step "toolhostd: $REVISIONS fresh revisions: first call of each, RSS after 100 and $REVISIONS"
+"$BENCH" cold "$SOCKET" --count "$REVISIONS" --checkpoints "100,$REVISIONS" --server-pid "$DAEMON_PID" \
+  --prefix daemon. >>"$FIGURES"
+stop "$DAEMON_PID"
+DAEMON_PID=""
+figure meta.load_after "$(cut -d' ' -f1-3 /proc/loadavg)"
+read -r BUSY_AFTER STEAL_AFTER TOTAL_AFTER < <(machine_ticks)
+figure meta.steal_pct "$(awk -v s=$((STEAL_AFTER - STEAL_BEFORE)) -v t=$((TOTAL_AFTER - TOTAL_BEFORE)) 'BEGIN{printf "%.1f", t ? 100*s/t : 0}')"
+figure meta.busy_pct "$(awk -v b=$((BUSY_AFTER - BUSY_BEFORE)) -v t=$((TOTAL_AFTER - TOTAL_BEFORE)) 'BEGIN{printf "%.1f", t ? 100*b/t : 0}')"
+WARNINGS=$(grep -ciE '\b(warn|warning|error|critical)\b' "$WORK/daemon.log" || true)
+[[ $WARNINGS = 0 ]] || { echo "run.sh: the daemon logged $WARNINGS warning(s) or error(s):" >&2; head -n 20 "$WORK/daemon.log" >&2; }
+
+# --- The table --------------------------------------------------------------------------------
+mkdir -p "$ROOT/bench/results"
+RESULT=$ROOT/bench/results/$DATE-$COMMIT.md
+echo >&2
+"$BENCH" report "$FIGURES" --markdown "$RESULT"
+{
+  echo
+  echo '<details><summary>Raw figures</summary>'
+  echo
+  echo '```'
+  cat "$FIGURES"
+  echo '```'
+  echo '</details>'
+} >>"$RESULT"
+echo >&2
+echo "written to ${RESULT#"$ROOT"/}" >&2

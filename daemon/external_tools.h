@@ -1,0 +1,39 @@
+// External-service tools: tools.call on an `external-service` revision forwards the call as one
+// JSON-RPC request {"jsonrpc":"2.0","id":1,"method":"tools.call","params":{"name","arguments"}}
+// to the manifest's endpoint, after the same mediation as fetch: the authorization of (revision,
+// invoke, endpoint, write), then for https: the destination rules, pinned DNS and verified TLS of
+// the HttpClient (a POST of that JSON); for unix:/path one NDJSON line over that socket and one
+// line back. The JSON-RPC result is the tool's result; a JSON-RPC error is the tool's error.
+// Threads: call() runs on the awaiting coroutine's executor, which must be a strand (a session's
+// is); it honours terminal cancellation of that coroutine. Audits every request.
+#pragma once
+
+#include "daemon/mediation.h"
+#include "daemon/method_table.h"
+#include "registry/registry.h"
+
+#include <boost/asio/awaitable.hpp>
+#include <boost/json/object.hpp>
+
+#include <cstdint>
+#include <optional>
+
+namespace toolhost::daemon {
+
+class ExternalTools {
+ public:
+  explicit ExternalTools(MediationServices services) : services_(services) {}
+
+  // Forwards one call of `tool` (an external-service revision; arguments already validated).
+  // `wallMs`: the caller's tightened limit or the manifest's, if any; the exchange (not the
+  // prompt) is bounded by it, else by [fetch] timeout_ms. Answers tools.call's result shape
+  // {result, name, revision, usage: {wallMs}} or a JSON-RPC error.
+  boost::asio::awaitable<MethodResult> call(registry::ToolRevisionPtr tool,
+                                            boost::json::object arguments,
+                                            std::optional<std::int64_t> wallMs);
+
+ private:
+  MediationServices services_;
+};
+
+}  // namespace toolhost::daemon

@@ -1,0 +1,602 @@
+#include "runtime/fetch_api.h"
+
+#include "runtime/base64.h"
+#include "runtime/json_bridge.h"
+#include "runtime/sandbox.h"
+
+#include <boost/json/array.hpp>
+#include <boost/json/string.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace toolhost::runtime {
+namespace json = boost::json;
+
+namespace {
+
+// What a tool can put in one request before the runtime refuses it (the host has its own, usually
+// smaller, limits): a bound on memory outside the sandbox's heap, and on a runaway iterator.
+constexpr std::size_t kMaxRequestHeaders = 1024;
+constexpr std::size_t kMaxRequestHeaderBytes = 1024 * 1024;
+
+// The prelude: Response and Headers, compiled into each context before any tool code. It runs
+// once, captures every intrinsic it uses into its own closure, and from then on looks up nothing
+// a tool can replace: no global names, no methods of built-in prototypes, no iteration of
+// arrays (internal lists are dense arrays made by the host and read by index), no property
+// descriptors that inherit from Object.prototype. State lives in private fields, so a tool can
+// neither read nor forge it; the classes and their prototypes are frozen, and their
+// constructors refuse to run without the prelude's private token.
+constexpr const char* kPrelude = R"JS((function (natives) {
+  'use strict';
+  const utf8Decode = natives.utf8Decode;
+  const ObjectFreeze = Object.freeze;
+  const ObjectDefineProperty = Object.defineProperty;
+  const ObjectGetPrototypeOf = Object.getPrototypeOf;
+  const ObjectSetPrototypeOf = Object.setPrototypeOf;
+  const ReflectApply = Reflect.apply;
+  const JSONParse = JSON.parse;
+  const TypeErrorCtor = TypeError;
+  const StringCtor = String;
+  const SymbolIterator = Symbol.iterator;
+  const SymbolToStringTag = Symbol.toStringTag;
+  const toLowerCase = ReflectApply(Function.prototype.bind, Function.prototype.call,
+                                   [String.prototype.toLowerCase]);
+  const IteratorPrototype = ObjectGetPrototypeOf(ObjectGetPrototypeOf([][SymbolIterator]()));
+  const kHost = Symbol('toolhost');
+
+  function headerName(name, method) {
+    if (typeof name === 'symbol') {
+      throw new TypeErrorCtor('Headers.' + method + ': a header name must be a string');
+    }
+    return toLowerCase(StringCtor(name));
+  }
+  function define(object, key, value, enumerable) {
+    ObjectDefineProperty(object, key, {
+      __proto__: null, value, writable: !!enumerable, enumerable: !!enumerable, configurable: true,
+    });
+  }
+  function immutable() {
+    throw new TypeErrorCtor('the headers of a Response are immutable');
+  }
+
+  class HeadersIterator {
+    #list;
+    #kind;
+    #index = 0;
+    constructor(token, list, kind) {
+      if (token !== kHost) throw new TypeErrorCtor('Illegal constructor');
+      this.#list = list;
+      this.#kind = kind;
+    }
+    next() {
+      const list = this.#list;
+      if (this.#index >= list.length) return {value: undefined, done: true};
+      const entry = list[this.#index];
+      this.#index += 1;
+      const kind = this.#kind;
+      return {value: kind === 0 ? [entry[0], entry[1]] : kind === 1 ? entry[0] : entry[1],
+              done: false};
+    }
+    [SymbolIterator]() { return this; }
+  }
+  ObjectSetPrototypeOf(HeadersIterator.prototype, IteratorPrototype);
+  define(HeadersIterator.prototype, SymbolToStringTag, 'Headers Iterator');
+
+  class Headers {
+    #list;  // [[lower-case name, value], ...] sorted and combined by the host; never handed out
+    constructor(token, list) {
+      if (token !== kHost) throw new TypeErrorCtor('Illegal constructor');
+      this.#list = list;
+    }
+    get(name) {
+      const key = headerName(name, 'get');
+      const list = this.#list;
+      let out = null;
+      for (let i = 0; i < list.length; i++) {
+        if (list[i][0] === key) out = out === null ? list[i][1] : out + ', ' + list[i][1];
+      }
+      return out;
+    }
+    has(name) {
+      const key = headerName(name, 'has');
+      const list = this.#list;
+      for (let i = 0; i < list.length; i++) {
+        if (list[i][0] === key) return true;
+      }
+      return false;
+    }
+    getSetCookie() {
+      const list = this.#list;
+      const out = [];
+      for (let i = 0; i < list.length; i++) {
+        if (list[i][0] === 'set-cookie') define(out, out.length, list[i][1], true);
+      }
+      return out;
+    }
+    forEach(callback, thisArg) {
+      if (typeof callback !== 'function') {
+        throw new TypeErrorCtor('Headers.forEach: the callback must be a function');
+      }
+      const list = this.#list;
+      for (let i = 0; i < list.length; i++) {
+        ReflectApply(callback, thisArg, [list[i][1], list[i][0], this]);
+      }
+    }
+    entries() { return new HeadersIterator(kHost, this.#list, 0); }
+    keys() { return new HeadersIterator(kHost, this.#list, 1); }
+    values() { return new HeadersIterator(kHost, this.#list, 2); }
+    append() { immutable(); }
+    set() { immutable(); }
+    delete() { immutable(); }
+  }
+  define(Headers.prototype, SymbolIterator, Headers.prototype.entries, false);
+  define(Headers.prototype, SymbolToStringTag, 'Headers', false);
+
+  class Response {
+    #status;
+    #statusText;
+    #url;
+    #headers;
+    #body;  // an ArrayBuffer until a body method takes it
+    #bodyUsed = false;
+    constructor(token, status, statusText, url, headers, body) {
+      if (token !== kHost) throw new TypeErrorCtor('Illegal constructor');
+      this.#status = status;
+      this.#statusText = statusText;
+      this.#url = url;
+      this.#headers = new Headers(kHost, headers);
+      this.#body = body;
+    }
+    get type() { return 'basic'; }
+    get url() { return this.#url; }
+    get redirected() { return false; }
+    get status() { return this.#status; }
+    get ok() { return this.#status >= 200 && this.#status <= 299; }
+    get statusText() { return this.#statusText; }
+    get headers() { return this.#headers; }
+    get bodyUsed() { return this.#bodyUsed; }
+    #take() {
+      if (this.#bodyUsed) throw new TypeErrorCtor('body already used');
+      this.#bodyUsed = true;
+      const body = this.#body;
+      this.#body = null;
+      return body;
+    }
+    async arrayBuffer() { return this.#take(); }
+    async text() { return utf8Decode(this.#take()); }
+    async json() { return JSONParse(utf8Decode(this.#take())); }
+  }
+  define(Response.prototype, SymbolToStringTag, 'Response', false);
+
+  for (const frozen of [HeadersIterator, Headers, Response]) {
+    ObjectFreeze(frozen.prototype);
+    ObjectFreeze(frozen);
+  }
+  return (status, statusText, url, headers, body) =>
+      new Response(kHost, status, statusText, url, headers, body);
+}))JS";
+
+v8::MaybeLocal<v8::String> tryString(v8::Isolate* isolate, std::string_view text) {
+  if (text.size() > static_cast<std::size_t>(v8::String::kMaxLength)) return {};
+  return v8::String::NewFromUtf8(isolate, text.data(), v8::NewStringType::kNormal,
+                                 static_cast<int>(text.size()));
+}
+
+// The body bytes as text: UTF-8 with every invalid sequence replaced by U+FFFD and a leading BOM
+// dropped, as TextDecoder and Response.text() do. Native, for the prelude only.
+void onUtf8Decode(const v8::FunctionCallbackInfo<v8::Value>& info) {
+  v8::Isolate* isolate = info.GetIsolate();
+  v8::HandleScope scope(isolate);
+  v8::Local<v8::Context> context = isolate->GetCurrentContext();
+  if (info.Length() < 1 || !info[0]->IsArrayBuffer()) {
+    throwInvalidArgument(context, "the body is not an ArrayBuffer");
+    return;
+  }
+  std::shared_ptr<v8::BackingStore> store = info[0].As<v8::ArrayBuffer>()->GetBackingStore();
+  const char* data = static_cast<const char*>(store->Data());
+  std::size_t length = store->ByteLength();
+  if (length >= 3 && static_cast<unsigned char>(data[0]) == 0xEF &&
+      static_cast<unsigned char>(data[1]) == 0xBB && static_cast<unsigned char>(data[2]) == 0xBF) {
+    data += 3;
+    length -= 3;
+  }
+  if (length == 0) {
+    info.GetReturnValue().Set(v8::String::Empty(isolate));
+    return;
+  }
+  v8::Local<v8::String> text;
+  if (!tryString(isolate, std::string_view(data, length)).ToLocal(&text)) {
+    if (isolate->IsExecutionTerminating()) return;
+    isolate->ThrowException(v8::Exception::RangeError(v8String(
+        isolate, "the body (" + std::to_string(length) + " bytes) is too large for a string")));
+    return;
+  }
+  info.GetReturnValue().Set(text);
+}
+
+bool equalsIgnoringCase(std::string_view a, std::string_view b) {
+  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
+           const auto lower = [](char c) { return c >= 'A' && c <= 'Z' ? char(c - 'A' + 'a') : c; };
+           return lower(x) == lower(y);
+         });
+}
+
+std::string asciiLower(std::string text) {
+  for (char& c : text) {
+    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
+  }
+  return text;
+}
+
+// The request headers as the host gets them, bounded.
+class HeaderList {
+ public:
+  explicit HeaderList(v8::Local<v8::Context> context)
+      : context_(context), isolate_(context->GetIsolate()) {}
+
+  // Converts and appends one header. False with an exception pending.
+  bool add(v8::Local<v8::Value> name, v8::Local<v8::Value> value) {
+    std::string nameText, valueText;
+    if (!text(name, nameText) || !text(value, valueText)) return false;
+    bytes_ += nameText.size() + valueText.size();
+    if (out_.size() >= kMaxRequestHeaders || bytes_ > kMaxRequestHeaderBytes) {
+      isolate_->ThrowException(
+          makeHostError(context_,
+                        "fetch: the request headers pass the runtime's limit of " +
+                            std::to_string(kMaxRequestHeaders) + " headers or " +
+                            std::to_string(kMaxRequestHeaderBytes) + " bytes",
+                        "request-too-large"));
+      return false;
+    }
+    out_.push_back(json::array{json::string(nameText), json::string(valueText)});
+    return true;
+  }
+
+  // One [name, value] pair of an array or an iterator.
+  bool addPair(v8::Local<v8::Value> pair) {
+    if (!pair->IsArray() || pair.As<v8::Array>()->Length() != 2) {
+      throwInvalidArgument(context_, "fetch: each header in a list must be a [name, value] pair");
+      return false;
+    }
+    v8::Local<v8::Value> name, value;
+    return pair.As<v8::Array>()->Get(context_, 0).ToLocal(&name) &&
+           pair.As<v8::Array>()->Get(context_, 1).ToLocal(&value) && add(name, value);
+  }
+
+  json::array take() { return std::move(out_); }
+
+ private:
+  bool text(v8::Local<v8::Value> value, std::string& out) {
+    if (value->IsSymbol()) {
+      throwInvalidArgument(context_, "fetch: a header name or value cannot be a Symbol");
+      return false;
+    }
+    v8::Local<v8::String> string;
+    if (!value->ToString(context_).ToLocal(&string)) return false;
+    out = toUtf8(isolate_, string);
+    return true;
+  }
+
+  v8::Local<v8::Context> context_;
+  v8::Isolate* isolate_;
+  json::array out_;
+  std::size_t bytes_ = 0;
+};
+
+bool readHeaders(v8::Local<v8::Context> context, v8::Local<v8::Value> headers, HeaderList& out) {
+  v8::Isolate* isolate = context->GetIsolate();
+  if (headers->IsNullOrUndefined()) return true;
+  if (!headers->IsObject()) {
+    throwInvalidArgument(
+        context,
+        "fetch: init.headers must be an object, an array of [name, value] pairs, or "
+        "something with entries()");
+    return false;
+  }
+  auto object = headers.As<v8::Object>();
+  if (headers->IsArray()) {
+    auto array = headers.As<v8::Array>();
+    for (std::uint32_t i = 0; i < array->Length(); ++i) {
+      v8::HandleScope scope(isolate);
+      v8::Local<v8::Value> pair;
+      if (!array->Get(context, i).ToLocal(&pair) || !out.addPair(pair)) return false;
+    }
+    return true;
+  }
+  v8::Local<v8::Value> entries;
+  if (!object->Get(context, v8String(isolate, "entries")).ToLocal(&entries)) return false;
+  if (entries->IsFunction()) {
+    v8::Local<v8::Value> iterator, next;
+    if (!entries.As<v8::Function>()->Call(context, object, 0, nullptr).ToLocal(&iterator)) {
+      return false;
+    }
+    if (!iterator->IsObject()) {
+      throwInvalidArgument(context, "fetch: init.headers.entries() did not return an iterator");
+      return false;
+    }
+    if (!iterator.As<v8::Object>()->Get(context, v8String(isolate, "next")).ToLocal(&next)) {
+      return false;
+    }
+    if (!next->IsFunction()) {
+      throwInvalidArgument(context, "fetch: init.headers.entries() did not return an iterator");
+      return false;
+    }
+    for (;;) {
+      v8::HandleScope scope(isolate);
+      v8::Local<v8::Value> step, done, pair;
+      if (!next.As<v8::Function>()->Call(context, iterator, 0, nullptr).ToLocal(&step)) {
+        return false;
+      }
+      if (!step->IsObject()) {
+        throwInvalidArgument(context, "fetch: an iterator of init.headers returned a non-object");
+        return false;
+      }
+      if (!step.As<v8::Object>()->Get(context, v8String(isolate, "done")).ToLocal(&done)) {
+        return false;
+      }
+      if (done->BooleanValue(isolate)) return true;
+      if (!step.As<v8::Object>()->Get(context, v8String(isolate, "value")).ToLocal(&pair) ||
+          !out.addPair(pair)) {
+        return false;
+      }
+    }
+  }
+  v8::Local<v8::Array> keys;
+  if (!object
+           ->GetOwnPropertyNames(
+               context, static_cast<v8::PropertyFilter>(v8::ONLY_ENUMERABLE | v8::SKIP_SYMBOLS),
+               v8::KeyConversionMode::kConvertToString)
+           .ToLocal(&keys)) {
+    return false;
+  }
+  for (std::uint32_t i = 0; i < keys->Length(); ++i) {
+    v8::HandleScope scope(isolate);
+    v8::Local<v8::Value> key, value;
+    if (!keys->Get(context, i).ToLocal(&key) || !object->Get(context, key).ToLocal(&value) ||
+        !out.add(key, value)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// The body's bytes: nullopt without a body; false in `ok` with an exception pending.
+std::optional<std::string> readBody(v8::Local<v8::Context> context, v8::Local<v8::Value> body,
+                                    bool& ok) {
+  ok = true;
+  if (body->IsNullOrUndefined()) return std::nullopt;
+  if (body->IsString()) return toUtf8(context->GetIsolate(), body.As<v8::String>());
+  std::string bytes;
+  if (body->IsArrayBuffer()) {
+    std::shared_ptr<v8::BackingStore> store = body.As<v8::ArrayBuffer>()->GetBackingStore();
+    if (store->ByteLength() > 0) {
+      bytes.assign(static_cast<const char*>(store->Data()), store->ByteLength());
+    }
+    return bytes;
+  }
+  if (body->IsArrayBufferView()) {
+    auto view = body.As<v8::ArrayBufferView>();
+    bytes.resize(view->ByteLength());
+    if (!bytes.empty()) bytes.resize(view->CopyContents(bytes.data(), bytes.size()));
+    return bytes;
+  }
+  ok = false;
+  throwInvalidArgument(
+      context,
+      "fetch: init.body must be a string, an ArrayBuffer, a TypedArray or DataView, or "
+      "null");
+  return std::nullopt;
+}
+
+}  // namespace
+
+v8::Local<v8::Value> makeHostError(v8::Local<v8::Context> context, std::string_view message,
+                                   std::string_view code, bool typeError) {
+  v8::Isolate* isolate = context->GetIsolate();
+  v8::Local<v8::String> text;
+  if (!tryString(isolate, message).ToLocal(&text)) text = v8String(isolate, "(message too long)");
+  auto error = typeError ? v8::Exception::TypeError(text) : v8::Exception::Error(text);
+  if (error->IsObject()) {
+    v8::Local<v8::String> codeText;
+    if (tryString(isolate, code).ToLocal(&codeText)) {
+      error.As<v8::Object>()
+          ->CreateDataProperty(context, v8String(isolate, "code"), codeText)
+          .FromMaybe(false);
+    }
+  }
+  return error;
+}
+
+void throwInvalidArgument(v8::Local<v8::Context> context, std::string_view message) {
+  context->GetIsolate()->ThrowException(
+      makeHostError(context, message, "invalid-argument", /*typeError=*/true));
+}
+
+v8::MaybeLocal<v8::Function> installFetchPrelude(v8::Local<v8::Context> context) {
+  v8::Isolate* isolate = context->GetIsolate();
+  v8::EscapableHandleScope scope(isolate);
+  v8::TryCatch tryCatch(isolate);
+  v8::ScriptOrigin origin(isolate, v8String(isolate, "toolhost:fetch"));
+  v8::ScriptCompiler::Source source(v8String(isolate, kPrelude), origin);
+  v8::Local<v8::Script> script;
+  v8::Local<v8::Value> factory, made;
+  v8::Local<v8::Function> decode;
+  if (!v8::ScriptCompiler::Compile(context, &source).ToLocal(&script) ||
+      !script->Run(context).ToLocal(&factory) || !factory->IsFunction() ||
+      !v8::Function::New(context, &onUtf8Decode, v8::Local<v8::Value>(), 1,
+                         v8::ConstructorBehavior::kThrow)
+           .ToLocal(&decode)) {
+    return {};
+  }
+  decode->SetName(v8String(isolate, "utf8Decode"));
+  v8::Local<v8::Object> natives = v8::Object::New(isolate);
+  v8::Local<v8::Value> argv[] = {natives};
+  if (!natives->CreateDataProperty(context, v8String(isolate, "utf8Decode"), decode)
+           .FromMaybe(false) ||
+      !factory.As<v8::Function>()->Call(context, v8::Undefined(isolate), 1, argv).ToLocal(&made) ||
+      !made->IsFunction()) {
+    return {};
+  }
+  return scope.Escape(made.As<v8::Function>());
+}
+
+std::optional<json::object> fetchRequest(v8::Local<v8::Context> context, v8::Local<v8::Value> input,
+                                         v8::Local<v8::Value> init) {
+  v8::Isolate* isolate = context->GetIsolate();
+  std::string url;
+  bool haveUrl = false;
+  if (input->IsString()) {
+    url = toUtf8(isolate, input.As<v8::String>());
+    haveUrl = true;
+  } else if (input->IsObject()) {
+    for (const char* key : {"url", "href"}) {
+      v8::Local<v8::Value> value;
+      if (!input.As<v8::Object>()->Get(context, v8String(isolate, key)).ToLocal(&value)) {
+        return std::nullopt;
+      }
+      if (value->IsString()) {
+        url = toUtf8(isolate, value.As<v8::String>());
+        haveUrl = true;
+        break;
+      }
+    }
+  }
+  if (!haveUrl) {
+    throwInvalidArgument(
+        context,
+        "fetch(input, init): input must be a URL string or an object with a string url "
+        "or href");
+    return std::nullopt;
+  }
+
+  std::string method = "GET";
+  HeaderList headers(context);
+  std::optional<std::string> body;
+  if (!init->IsNullOrUndefined()) {
+    if (!init->IsObject()) {
+      throwInvalidArgument(context, "fetch(input, init): init must be an object");
+      return std::nullopt;
+    }
+    auto options = init.As<v8::Object>();
+    v8::Local<v8::Value> value;
+    if (!options->Get(context, v8String(isolate, "method")).ToLocal(&value)) return std::nullopt;
+    if (value->IsString()) {
+      method = toUtf8(isolate, value.As<v8::String>());
+    } else if (!value->IsUndefined()) {
+      throwInvalidArgument(context, "fetch: init.method must be a string");
+      return std::nullopt;
+    }
+    if (!options->Get(context, v8String(isolate, "headers")).ToLocal(&value) ||
+        !readHeaders(context, value, headers)) {
+      return std::nullopt;
+    }
+    if (!options->Get(context, v8String(isolate, "body")).ToLocal(&value)) return std::nullopt;
+    bool ok = true;
+    body = readBody(context, value, ok);
+    if (!ok) return std::nullopt;
+    if (body && (equalsIgnoringCase(method, "GET") || equalsIgnoringCase(method, "HEAD"))) {
+      throwInvalidArgument(context, "fetch: a " + method + " request cannot have a body");
+      return std::nullopt;
+    }
+  }
+  json::object request;
+  request["url"] = url;
+  request["method"] = method;
+  request["headers"] = headers.take();
+  if (body) request["bodyBase64"] = base64Encode(*body);
+  return request;
+}
+
+boost::system::result<v8::Local<v8::Value>, HostOpFailure> fetchResponse(
+    Sandbox& sandbox, v8::Local<v8::Context> context, v8::Local<v8::Function> makeResponse,
+    const json::value& reply) {
+  v8::Isolate* isolate = context->GetIsolate();
+  v8::EscapableHandleScope scope(isolate);
+  auto malformed = [](const std::string& what) {
+    return HostOpFailure{"failed", "the host's reply to fetch is malformed: " + what};
+  };
+  const json::object* object = reply.if_object();
+  if (object == nullptr) return malformed("it is not an object");
+  const json::value* status = object->if_contains("status");
+  std::int64_t statusCode = -1;
+  if (status != nullptr && status->is_int64()) statusCode = status->get_int64();
+  if (status != nullptr && status->is_uint64() && status->get_uint64() < 1000) {
+    statusCode = static_cast<std::int64_t>(status->get_uint64());
+  }
+  if (statusCode < 0 || statusCode > 999) return malformed("status is not an HTTP status code");
+  const json::value* statusText = object->if_contains("statusText");
+  const json::value* url = object->if_contains("url");
+  const json::value* headers = object->if_contains("headers");
+  const json::value* bodyBase64 = object->if_contains("bodyBase64");
+  if (statusText == nullptr || !statusText->is_string()) return malformed("no statusText string");
+  if (url == nullptr || !url->is_string()) return malformed("no url string");
+  if (headers == nullptr || !headers->is_array()) return malformed("no headers array");
+  if (bodyBase64 == nullptr || !bodyBase64->is_string()) return malformed("no bodyBase64 string");
+
+  // Sorted by name and combined as browsers' Headers iterate them: repeated names joined with
+  // ", ", except set-cookie, whose values stay apart.
+  std::vector<std::pair<std::string, std::string>> list;
+  for (const json::value& header : headers->get_array()) {
+    const json::array* pair = header.if_array();
+    if (pair == nullptr || pair->size() != 2 || !(*pair)[0].is_string() ||
+        !(*pair)[1].is_string()) {
+      return malformed("a header is not a [name, value] pair of strings");
+    }
+    list.emplace_back(asciiLower(std::string((*pair)[0].get_string())),
+                      std::string((*pair)[1].get_string()));
+  }
+  std::stable_sort(list.begin(), list.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<std::pair<std::string, std::string>> combined;
+  for (auto& [name, value] : list) {
+    if (!combined.empty() && combined.back().first == name && name != "set-cookie") {
+      combined.back().second += ", " + value;
+    } else {
+      combined.emplace_back(std::move(name), std::move(value));
+    }
+  }
+
+  const std::string_view text = bodyBase64->get_string();
+  const auto size = base64DecodedSize(text);
+  if (!size) return malformed("bodyBase64 is not base64");
+  v8::Local<v8::ArrayBuffer> body;
+  if (!sandbox.newArrayBuffer(*size).ToLocal(&body)) {
+    return HostOpFailure{"failed", "the response body does not fit in the sandbox"};
+  }
+  if (*size > 0 &&
+      !base64Decode(text, static_cast<std::uint8_t*>(body->GetBackingStore()->Data()))) {
+    return malformed("bodyBase64 is not base64");
+  }
+
+  std::vector<v8::Local<v8::Value>> entries;
+  entries.reserve(combined.size());
+  for (const auto& [name, value] : combined) {
+    v8::Local<v8::String> nameText, valueText;
+    if (!tryString(isolate, name).ToLocal(&nameText) ||
+        !tryString(isolate, value).ToLocal(&valueText)) {
+      return malformed("a header does not fit in a string");
+    }
+    v8::Local<v8::Value> pair[] = {nameText, valueText};
+    entries.push_back(v8::Array::New(isolate, pair, 2));
+  }
+  v8::Local<v8::String> statusTextString, urlString;
+  if (!tryString(isolate, statusText->get_string()).ToLocal(&statusTextString) ||
+      !tryString(isolate, url->get_string()).ToLocal(&urlString)) {
+    return malformed("statusText or url does not fit in a string");
+  }
+  v8::Local<v8::Value> argv[] = {v8::Integer::New(isolate, static_cast<std::int32_t>(statusCode)),
+                                 statusTextString, urlString,
+                                 v8::Array::New(isolate, entries.data(), entries.size()), body};
+  v8::TryCatch tryCatch(isolate);
+  v8::Local<v8::Value> response;
+  if (!makeResponse->Call(context, v8::Undefined(isolate), 5, argv).ToLocal(&response)) {
+    return HostOpFailure{"failed", "the Response could not be made"};
+  }
+  return scope.Escape(response);
+}
+
+}  // namespace toolhost::runtime

@@ -1,0 +1,49 @@
+// fetch() inside a sandbox: the request a tool's (input, init) becomes, the Response a host's
+// reply becomes, and the prelude (Response, Headers) compiled into every context before any tool
+// code runs. Shapes: see capabilities.h. Called inside a segment of the sandbox (or while it is
+// built), on the thread running it.
+#pragma once
+
+#include "runtime/capability_host.h"
+
+#include <v8.h>
+
+#include <boost/json/object.hpp>
+#include <boost/json/value.hpp>
+#include <boost/system/result.hpp>
+
+#include <optional>
+#include <string_view>
+
+namespace toolhost::runtime {
+
+class Sandbox;
+
+// An Error (or TypeError) of the context's realm, made through the intrinsic constructor (never
+// the global a tool may have replaced), with a `code` data property.
+v8::Local<v8::Value> makeHostError(v8::Local<v8::Context> context, std::string_view message,
+                                   std::string_view code, bool typeError = false);
+
+// Throws makeHostError(message, "invalid-argument") as a TypeError: how a door refuses a bad
+// argument.
+void throwInvalidArgument(v8::Local<v8::Context> context, std::string_view message);
+
+// Compiles and runs the prelude in a fresh context; returns the function that makes a Response:
+// (status, statusText, url, headers: [[name, value]...] sorted and combined, body: ArrayBuffer).
+// Empty only if V8 refused (out of memory).
+v8::MaybeLocal<v8::Function> installFetchPrelude(v8::Local<v8::Context> context);
+
+// fetch(input, init) as the request handed to the host. Empty with an exception pending: a
+// TypeError (code "invalid-argument") naming what is wrong, an Error with code
+// "request-too-large", whatever a getter or iterator of the tool threw, or termination.
+std::optional<boost::json::object> fetchRequest(v8::Local<v8::Context> context,
+                                                v8::Local<v8::Value> input,
+                                                v8::Local<v8::Value> init);
+
+// The Response for a host's "fetch" reply, or the failure to reject with (code "failed" for a
+// malformed reply; the sandbox is killed if the body passes its ArrayBuffer limit).
+boost::system::result<v8::Local<v8::Value>, HostOpFailure> fetchResponse(
+    Sandbox& sandbox, v8::Local<v8::Context> context, v8::Local<v8::Function> makeResponse,
+    const boost::json::value& reply);
+
+}  // namespace toolhost::runtime

@@ -1,0 +1,75 @@
+// One end of the socket between the daemon and a sandbox host process: JSON objects in and out
+// as NDJSON (runtime/sandbox_protocol.h). Reads run on the channel's strand and hand each
+// message to one handler; send() and close() may be called from any thread.
+//
+// Caveats:
+//  - Handlers run on the strand, one at a time, in the order the messages arrived; onClosed runs
+//    exactly once (end of stream, a read or write error, a line over the limit, a message that is
+//    not a JSON object, or close()), after which no handler runs and send() drops its message.
+//  - Outgoing messages queue without bound: the peer is our own code, which always reads.
+#pragma once
+
+#include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/local/stream_protocol.hpp>
+#include <boost/asio/strand.hpp>
+#include <boost/json/object.hpp>
+
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+
+namespace toolhost::runtime {
+
+class MessageChannel : public std::enable_shared_from_this<MessageChannel> {
+ public:
+  using Strand = boost::asio::strand<boost::asio::any_io_executor>;
+  using OnMessage = std::function<void(boost::json::object message)>;
+  using OnClosed = std::function<void(const std::string& reason)>;
+
+  // Takes ownership of `fd`, a connected SOCK_STREAM Unix socket.
+  static std::shared_ptr<MessageChannel> create(const boost::asio::any_io_executor& executor,
+                                                int fd, std::size_t maxMessageBytes,
+                                                std::size_t maxDepth);
+  ~MessageChannel();
+  MessageChannel(const MessageChannel&) = delete;
+  MessageChannel& operator=(const MessageChannel&) = delete;
+
+  // Starts reading. Call once.
+  void start(OnMessage onMessage, OnClosed onClosed);
+  // Queues one message. Any thread; dropped once closed.
+  void send(const boost::json::object& message);
+  // Closes the socket; onClosed(reason) runs on the strand unless it already ran. Any thread.
+  void close(std::string reason);
+
+  const Strand& strand() const { return strand_; }
+
+ private:
+  MessageChannel(const boost::asio::any_io_executor& executor, int fd, std::size_t maxMessageBytes,
+                 std::size_t maxDepth);
+  boost::asio::awaitable<void> readLoop();
+  boost::asio::awaitable<std::string> readUntilClosed();  // why reading stopped
+  void flush();                                           // strand
+  void finish(const std::string& reason);                 // strand
+
+  Strand strand_;
+  boost::asio::local::stream_protocol::socket socket_;
+  const std::size_t maxMessageBytes_;
+  const std::size_t maxDepth_;
+
+  // On the strand.
+  OnMessage onMessage_;
+  OnClosed onClosed_;
+  bool finished_ = false;
+  std::string closeReason_;
+  std::string inflight_;  // being written
+
+  std::mutex mutex_;
+  std::string outgoing_;  // under mutex_: queued, not yet being written
+  bool writing_ = false;  // under mutex_: a flush is scheduled or a write is in progress
+  bool closed_ = false;   // under mutex_
+};
+
+}  // namespace toolhost::runtime

@@ -1,0 +1,1188 @@
+#include "runtime/process_sandbox_pool.h"
+
+#include "runtime/message_channel.h"
+#include "runtime/sandbox_protocol.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <spdlog/spdlog.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <boost/asio/associated_cancellation_slot.hpp>
+#include <boost/asio/associated_executor.hpp>
+#include <boost/asio/async_result.hpp>
+#include <boost/asio/dispatch.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/this_coro.hpp>
+#include <boost/asio/thread_pool.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/json/array.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <list>
+#include <map>
+#include <mutex>
+#include <set>
+#include <stdexcept>
+#include <thread>
+#include <unordered_map>
+
+extern char** environ;
+
+namespace toolhost::runtime {
+namespace asio = boost::asio;
+namespace json = boost::json;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+// Revisions whose Tool a host keeps cached (sent once, then named by revision).
+constexpr std::size_t kMaxCachedTools = 256;
+// How long a new host has to answer its first ping (it starts V8 meanwhile).
+constexpr milliseconds kStartupTimeout{10000};
+constexpr int kHostThreads = 2;
+
+const char* const kEnvironmentKept[] = {
+    "TZ", "LANG", "LC_ALL", "ASAN_OPTIONS", "UBSAN_OPTIONS", "LSAN_OPTIONS", "TSAN_OPTIONS"};
+
+std::uint64_t stableHash(std::string_view text) {
+  std::uint64_t hash = 14695981039346656037ull;  // FNV-1a
+  for (unsigned char c : text) {
+    hash ^= c;
+    hash *= 1099511628211ull;
+  }
+  return hash;
+}
+
+std::int64_t millisBetween(Clock::time_point from, Clock::time_point to) {
+  return std::chrono::duration_cast<milliseconds>(to - from).count();
+}
+
+std::string describeStatus(int status) {
+  if (WIFEXITED(status)) return "exited with status " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) {
+    const int signal = WTERMSIG(status);
+    const char* name = ::sigdescr_np(signal);
+    return "killed by signal " + std::to_string(signal) +
+           (name ? std::string(" (") + name + ")" : "");
+  }
+  return "ended with status " + std::to_string(status);
+}
+
+CallOutcome failedOutcome(const registry::ToolRevisionPtr& tool, CallError error) {
+  CallOutcome outcome;
+  outcome.revision = tool ? tool->revision : "";
+  outcome.result = std::move(error);
+  return outcome;
+}
+
+// The one thread that starts and reaps host processes. PR_SET_PDEATHSIG in a host fires when the
+// thread that started it ends, so that thread must live as long as the pool: this one does.
+class Supervisor {
+ public:
+  Supervisor() : thread_([this] { run(); }) {}
+  ~Supervisor() { join(); }
+  Supervisor(const Supervisor&) = delete;
+  Supervisor& operator=(const Supervisor&) = delete;
+
+  void post(std::function<void()> task) {
+    {
+      std::lock_guard lock(mutex_);
+      tasks_.push_back(std::move(task));
+    }
+    wake_.notify_one();
+  }
+  // Runs what is queued, then ends the thread.
+  void join() {
+    {
+      std::lock_guard lock(mutex_);
+      stop_ = true;
+    }
+    wake_.notify_one();
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  void run() {
+    std::unique_lock lock(mutex_);
+    while (true) {
+      wake_.wait(lock, [this] { return stop_ || !tasks_.empty(); });
+      if (tasks_.empty()) return;
+      auto task = std::move(tasks_.front());
+      tasks_.pop_front();
+      lock.unlock();
+      try {
+        task();
+      } catch (const std::exception& e) {
+        spdlog::error("runtime: the sandbox supervisor caught an exception: {}", e.what());
+      }
+      lock.lock();
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<std::function<void()>> tasks_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+}  // namespace
+
+struct Process;
+
+// A call sent to a host and not yet answered. Under its Process's mutex.
+struct PendingCall {
+  registry::ToolRevisionPtr tool;
+  EffectiveLimits limits;
+  bool ownSandbox = false;
+  std::function<void(std::exception_ptr, CallOutcome)> deliver;
+  bool started = false;  // the host said its wall clock runs
+  Clock::time_point startedAt;
+  std::size_t pausedOps = 0;  // operations of this call holding its clock paused
+  Clock::time_point pausedSince;
+  Clock::duration pausedTotal{};
+  bool cancelRequested = false;
+
+  // When the daemon's backstop considers it late; max while not started or paused.
+  Clock::time_point lateAt(Clock::duration grace) const {
+    if (!started || pausedOps > 0) return Clock::time_point::max();
+    return startedAt + milliseconds(limits.wallMs) + pausedTotal + grace;
+  }
+  void unpause(Clock::time_point now) {
+    if (pausedOps > 0 && --pausedOps == 0) pausedTotal += now - pausedSince;
+  }
+};
+
+// The daemon's HostOperation for an operation a host started. Thread-safe; refers to its process
+// weakly, so a host may keep it as long as it likes.
+class OperationProxy final : public HostOperation {
+ public:
+  OperationProxy(std::weak_ptr<Process> process, std::uint64_t op)
+      : process_(std::move(process)), op_(op) {}
+
+  void complete(HostOpResult result) override;
+  void pauseWallClock() override;
+  void resumeWallClock() override;
+  void onAbort(std::function<void()> abort) override;
+
+  // The call ended before this operation completed: the host's abort functions, to run once.
+  std::vector<std::function<void()>> abort() {
+    std::lock_guard lock(mutex_);
+    if (completed_ || aborted_) return {};
+    aborted_ = true;
+    return std::move(aborts_);
+  }
+
+ private:
+  const std::weak_ptr<Process> process_;
+  const std::uint64_t op_;
+  std::mutex mutex_;
+  bool completed_ = false;
+  bool aborted_ = false;
+  std::vector<std::function<void()>> aborts_;
+};
+
+// One host process (one incarnation of a slot). Its channel's strand runs the I/O and the timer;
+// the rest is under `mutex`.
+struct Process : std::enable_shared_from_this<Process> {
+  Process(std::shared_ptr<ProcessSandboxPool::Impl> impl_, unsigned slot_,
+          std::shared_ptr<MessageChannel> channel_)
+      : impl(std::move(impl_)),
+        slot(slot_),
+        channel(std::move(channel_)),
+        watch(channel->strand()) {}
+
+  const std::shared_ptr<ProcessSandboxPool::Impl> impl;  // released when the process is
+  const unsigned slot;
+  const std::shared_ptr<MessageChannel> channel;
+  asio::steady_timer watch;  // the backstop; on the channel's strand
+
+  mutable std::mutex mutex;
+  // --- Under mutex. ---
+  int pid = 0;
+  bool ended = false;
+  bool killRequested = false;  // ended before (or while) it was spawned
+  std::map<std::uint64_t, PendingCall> calls;
+  struct Op {
+    std::shared_ptr<OperationProxy> proxy;
+    std::uint64_t call = 0;
+    bool paused = false;
+  };
+  std::map<std::uint64_t, Op> ops;
+  // What the host last said it retains, and when.
+  std::vector<SandboxInfo> sandboxes;
+  Clock::time_point sandboxesAt = Clock::now();
+  // Tools the host has cached, most recently used first.
+  std::list<std::string> toolOrder;
+  std::unordered_map<std::string, std::list<std::string>::iterator> toolsSent;
+  // The liveness ping: the one outstanding, if any, and when the next may go.
+  std::optional<std::uint64_t> ping = 0;  // the startup ping is sent with the hello
+  Clock::time_point pingDeadline = Clock::now() + kStartupTimeout;
+  Clock::time_point nextPing;
+  std::uint64_t pingSeq = 0;
+
+  void opPaused(std::uint64_t op);
+  void opResumed(std::uint64_t op);
+  void opCompleted(std::uint64_t op, HostOpResult result);
+};
+
+struct ProcessSandboxPool::Impl : std::enable_shared_from_this<ProcessSandboxPool::Impl> {
+  Impl(RuntimeConfig config_, CapabilityHost& host_, SandboxLaunch launch_,
+       asio::any_io_executor executor_)
+      : config(std::move(config_)),
+        host(host_),
+        launch(std::move(launch_)),
+        executor(std::move(executor_)),
+        grace(milliseconds(config.killGraceMs)),
+        slots(config.processes) {
+    // `ps` should say what runs: the daemon's own path rather than "/proc/self/exe" (which is
+    // still what is executed, so a binary replaced on disk by an upgrade keeps working).
+    argv0 = launch.executable;
+    if (argv0 == "/proc/self/exe") {
+      std::error_code error;
+      auto self = std::filesystem::read_symlink(argv0, error);
+      if (!error) argv0 = self.string();
+    }
+    for (const char* name : kEnvironmentKept) {
+      if (const char* value = std::getenv(name))
+        environment.push_back(std::string(name) + "=" + value);
+    }
+  }
+
+  const RuntimeConfig config;
+  CapabilityHost& host;
+  const SandboxLaunch launch;
+  const asio::any_io_executor executor;
+  const Clock::duration grace;
+  std::string argv0;
+  std::vector<std::string> environment;
+
+  asio::thread_pool hostThreads{kHostThreads};
+  Supervisor supervisor;
+  std::atomic<std::uint64_t> nextCallId{1};
+
+  struct Slot {
+    std::shared_ptr<Process> process;
+    std::deque<Clock::time_point> ends;  // unexpected ends within the restart window
+  };
+  mutable std::mutex mutex;
+  // --- Under mutex. ---
+  bool stopping = false;
+  std::vector<Slot> slots;
+
+  // A call on its way: what the awaiting coroutine's cancellation needs to find it.
+  struct Ticket {
+    std::mutex mutex;
+    std::weak_ptr<Process> process;
+    std::uint64_t id = 0;
+    bool cancelled = false;  // before it was placed
+  };
+
+  unsigned slotOf(const std::string& revision) const {
+    return static_cast<unsigned>(stableHash(revision) % config.processes);
+  }
+
+  void submit(json::object message, registry::ToolRevisionPtr tool, const Admission& admission,
+              std::function<void(std::exception_ptr, CallOutcome)> deliver,
+              const std::shared_ptr<Ticket>& ticket);
+  std::shared_ptr<Process> startLocked(unsigned slot);
+  void spawn(const std::shared_ptr<Process>& process, int childFd);
+  void reap(const std::shared_ptr<Process>& process);
+  void onMessage(const std::shared_ptr<Process>& process, const json::object& message);
+  void handle(const std::shared_ptr<Process>& process, const json::object& message);
+  void cancel(const std::shared_ptr<Process>& process, std::uint64_t id);
+  void rearm(const std::shared_ptr<Process>& process);
+  void onWatch(const std::shared_ptr<Process>& process);
+  // Ends the process: kills it, ends its calls (each with its verdict, else cancelled if its
+  // caller cancelled, else `fallback`) and aborts its operations. Any thread; once.
+  void end(const std::shared_ptr<Process>& process, std::map<std::uint64_t, CallError> verdicts,
+           CallError fallback, const std::string& why, bool expected);
+  void runAborts(std::vector<std::function<void()>> aborts);
+  void shutdown();
+
+  template <typename Token>
+  auto asyncCall(json::object callMessage, registry::ToolRevisionPtr callTool,
+                 Admission callAdmission, Token&& token) {
+    return asio::async_initiate<Token, void(std::exception_ptr, CallOutcome)>(
+        [self = shared_from_this()](auto handler, json::object message,
+                                    registry::ToolRevisionPtr tool, Admission admission) {
+          using Handler = decltype(handler);
+          auto cancellation = asio::get_associated_cancellation_slot(handler);
+          auto caller = asio::get_associated_executor(handler, self->executor);
+          auto tracked = asio::prefer(caller, asio::execution::outstanding_work.tracked);
+          auto ticket = std::make_shared<Ticket>();
+          if (cancellation.is_connected()) {
+            cancellation.assign(
+                [weakImpl = std::weak_ptr<Impl>(self), ticket](asio::cancellation_type type) {
+                  if ((type & asio::cancellation_type::terminal) == asio::cancellation_type::none) {
+                    return;
+                  }
+                  std::shared_ptr<Process> process;
+                  std::uint64_t id = 0;
+                  {
+                    std::lock_guard lock(ticket->mutex);
+                    ticket->cancelled = true;
+                    process = ticket->process.lock();
+                    id = ticket->id;
+                  }
+                  auto impl = weakImpl.lock();
+                  if (impl && process) impl->cancel(process, id);
+                });
+          }
+          auto shared = std::make_shared<Handler>(std::move(handler));
+          auto deliver = [shared, tracked, cancellation](std::exception_ptr error,
+                                                         CallOutcome outcome) mutable {
+            asio::post(tracked,
+                       [shared, cancellation, error, outcome = std::move(outcome)]() mutable {
+                         if (cancellation.is_connected()) cancellation.clear();
+                         (*shared)(error, std::move(outcome));
+                       });
+          };
+          self->submit(std::move(message), std::move(tool), admission, std::move(deliver), ticket);
+        },
+        token, std::move(callMessage), std::move(callTool), std::move(callAdmission));
+  }
+};
+
+// --- OperationProxy and the process's side of its operations ---
+
+void OperationProxy::complete(HostOpResult result) {
+  {
+    std::lock_guard lock(mutex_);
+    if (completed_) return;
+    completed_ = true;
+    aborts_.clear();
+    if (aborted_) return;  // the host's call ended: nobody waits for the answer
+  }
+  if (auto process = process_.lock()) process->opCompleted(op_, std::move(result));
+}
+
+void OperationProxy::pauseWallClock() {
+  if (auto process = process_.lock()) process->opPaused(op_);
+}
+
+void OperationProxy::resumeWallClock() {
+  if (auto process = process_.lock()) process->opResumed(op_);
+}
+
+void OperationProxy::onAbort(std::function<void()> abort) {
+  if (!abort) return;
+  {
+    std::lock_guard lock(mutex_);
+    if (completed_) return;
+    if (!aborted_) {
+      aborts_.push_back(std::move(abort));
+      return;
+    }
+  }
+  // The call already ended: run it now, on the calling thread.
+  try {
+    abort();
+  } catch (const std::exception& e) {
+    spdlog::error("runtime: aborting a host operation threw: {}", e.what());
+  }
+}
+
+void Process::opPaused(std::uint64_t op) {
+  std::lock_guard lock(mutex);
+  auto found = ops.find(op);
+  if (found == ops.end() || found->second.paused) return;
+  found->second.paused = true;
+  if (auto call = calls.find(found->second.call); call != calls.end()) {
+    if (call->second.pausedOps++ == 0) call->second.pausedSince = Clock::now();
+  }
+  channel->send(json::object{{"t", "opPause"}, {"op", op}});
+}
+
+void Process::opResumed(std::uint64_t op) {
+  {
+    std::lock_guard lock(mutex);
+    auto found = ops.find(op);
+    if (found == ops.end() || !found->second.paused) return;
+    found->second.paused = false;
+    if (auto call = calls.find(found->second.call); call != calls.end()) {
+      call->second.unpause(Clock::now());
+    }
+    channel->send(json::object{{"t", "opResume"}, {"op", op}});
+  }
+  impl->rearm(shared_from_this());
+}
+
+void Process::opCompleted(std::uint64_t op, HostOpResult result) {
+  {
+    std::lock_guard lock(mutex);
+    auto found = ops.find(op);
+    if (found == ops.end()) return;  // aborted meanwhile, or the process ended
+    if (found->second.paused) {
+      if (auto call = calls.find(found->second.call); call != calls.end()) {
+        call->second.unpause(Clock::now());
+      }
+    }
+    ops.erase(found);
+    json::object message{{"t", "opComplete"}, {"op", op}};
+    if (result) {
+      message["ok"] = std::move(*result);
+    } else {
+      message["error"] =
+          json::object{{"code", result.error().code}, {"message", result.error().message}};
+    }
+    channel->send(message);
+  }
+  impl->rearm(shared_from_this());
+}
+
+// --- Calls ---
+
+void ProcessSandboxPool::Impl::submit(json::object message, registry::ToolRevisionPtr tool,
+                                      const Admission& admission,
+                                      std::function<void(std::exception_ptr, CallOutcome)> deliver,
+                                      const std::shared_ptr<Ticket>& ticket) {
+  const std::uint64_t id = nextCallId.fetch_add(1);
+  message["id"] = id;
+  const std::string& revision = tool->revision;
+  const unsigned slot = slotOf(revision);
+  std::shared_ptr<Process> process;
+  std::optional<CallError> refused;
+  {
+    std::lock_guard lock(mutex);
+    if (stopping) {
+      refused = CallError{CallErrc::cancelled, "the runtime is shutting down", {}};
+    } else {
+      // A process that ended meanwhile (even while this ran) is replaced; one that cannot be
+      // started right now refuses the call.
+      for (int attempt = 0; attempt < 2 && !process && !refused; ++attempt) {
+        auto candidate = slots[slot].process;
+        {
+          std::unique_lock<std::mutex> processLock;
+          if (candidate) processLock = std::unique_lock(candidate->mutex);
+          if (!candidate || candidate->ended) {
+            processLock = {};
+            auto& ends = slots[slot].ends;
+            const auto now = Clock::now();
+            const auto window = milliseconds(config.restartWindowMs);
+            while (!ends.empty() && now - ends.front() >= window) ends.pop_front();
+            if (config.maxRestarts > 0 && ends.size() >= config.maxRestarts) {
+              refused =
+                  CallError{CallErrc::sandboxCrashed,
+                            "the sandbox process for this tool ended unexpectedly " +
+                                std::to_string(ends.size()) + " times within " +
+                                std::to_string(config.restartWindowMs) +
+                                " ms (see the daemon's log); calls fail for another " +
+                                std::to_string(millisBetween(now, ends.front() + window)) + " ms",
+                            {}};
+              break;
+            }
+            try {
+              candidate = startLocked(slot);
+            } catch (const std::exception& e) {
+              spdlog::error("runtime: cannot start a sandbox process: {}", e.what());
+              refused =
+                  CallError{CallErrc::sandboxCrashed,
+                            std::string("the sandbox process could not be started: ") + e.what(),
+                            {}};
+              break;
+            }
+            processLock = std::unique_lock(candidate->mutex);
+          }
+          if (candidate->ended) continue;
+          // Registered before the message goes, so that the answer always finds it.
+          PendingCall& call = candidate->calls[id];
+          call.tool = tool;
+          call.limits = admission.limits;
+          call.ownSandbox = admission.ownSandbox;
+          call.deliver = std::move(deliver);
+          auto sent = candidate->toolsSent.find(revision);
+          if (sent != candidate->toolsSent.end()) {
+            candidate->toolOrder.splice(candidate->toolOrder.begin(), candidate->toolOrder,
+                                        sent->second);
+          } else {
+            message["tool"] = ipc::toolToJson(*tool);
+            candidate->toolOrder.push_front(revision);
+            candidate->toolsSent[revision] = candidate->toolOrder.begin();
+            if (candidate->toolOrder.size() > kMaxCachedTools) {
+              const std::string oldest = candidate->toolOrder.back();
+              candidate->toolOrder.pop_back();
+              candidate->toolsSent.erase(oldest);
+              candidate->channel->send(json::object{{"t", "forget"}, {"revision", oldest}});
+            }
+          }
+          candidate->channel->send(message);
+          process = candidate;
+        }
+      }
+      if (!process && !refused) {
+        refused = CallError{CallErrc::sandboxCrashed,
+                            "the sandbox process could not be started (see the daemon's log)",
+                            {}};
+      }
+    }
+  }
+  if (refused) {
+    deliver(nullptr, failedOutcome(tool, std::move(*refused)));
+    return;
+  }
+  bool cancelled;
+  {
+    std::lock_guard lock(ticket->mutex);
+    ticket->process = process;
+    ticket->id = id;
+    cancelled = ticket->cancelled;
+  }
+  if (cancelled) cancel(process, id);
+}
+
+void ProcessSandboxPool::Impl::cancel(const std::shared_ptr<Process>& process, std::uint64_t id) {
+  std::lock_guard lock(process->mutex);
+  auto found = process->calls.find(id);
+  if (found == process->calls.end() || found->second.cancelRequested) return;
+  found->second.cancelRequested = true;
+  // The host answers with the call's result (cancelled). A host that is gone has already ended
+  // the call; one stuck in a builtin reports it as stalled within the grace.
+  process->channel->send(json::object{{"t", "cancel"}, {"id", id}});
+}
+
+// --- Processes ---
+
+std::shared_ptr<Process> ProcessSandboxPool::Impl::startLocked(unsigned slot) {
+  int fds[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) {
+    throw std::system_error(errno, std::generic_category(), "socketpair for a sandbox process");
+  }
+  auto channel =
+      MessageChannel::create(executor, fds[0], ipc::kMaxMessageBytes, ipc::maxMessageDepth(config));
+  auto process = std::make_shared<Process>(shared_from_this(), slot, channel);
+  slots[slot].process = process;
+  channel->start([process](json::object message) { process->impl->onMessage(process, message); },
+                 [process](const std::string& reason) {
+                   process->impl->end(
+                       process, {},
+                       CallError{CallErrc::sandboxCrashed,
+                                 "the sandbox process ended unexpectedly (e.g. V8 aborted on "
+                                 "a fatal error); the call's sandbox is gone",
+                                 {}},
+                       "its connection ended (" + reason + ")", false);
+                 });
+  auto level = spdlog::level::to_string_view(spdlog::get_level());
+  channel->send(json::object{{"t", "hello"},
+                             {"config", ipc::configToJson(config)},
+                             {"daemonPid", static_cast<std::int64_t>(::getpid())},
+                             {"slot", slot},
+                             {"logLevel", std::string_view(level.data(), level.size())}});
+  channel->send(json::object{{"t", "ping"}, {"seq", 0}});
+  rearm(process);
+  const int childFd = fds[1];
+  supervisor.post([self = shared_from_this(), process, childFd] { self->spawn(process, childFd); });
+  return process;
+}
+
+void ProcessSandboxPool::Impl::spawn(const std::shared_ptr<Process>& process, int childFd) {
+  {
+    std::lock_guard lock(process->mutex);
+    if (process->killRequested) {
+      ::close(childFd);
+      return;
+    }
+  }
+  // fd 3 in the child: dup2 onto itself would leave close-on-exec set, so move it first.
+  if (childFd <= 3) {
+    const int moved = ::fcntl(childFd, F_DUPFD_CLOEXEC, 10);
+    ::close(childFd);
+    childFd = moved;
+  }
+  std::string failure;
+  pid_t pid = 0;
+  if (childFd < 0) {
+    failure = std::string("cannot move its socket: ") + std::strerror(errno);
+  } else {
+    posix_spawn_file_actions_t actions;
+    posix_spawnattr_t attributes;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawnattr_init(&attributes);
+    posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+    posix_spawn_file_actions_adddup2(&actions, 2, 1);
+    posix_spawn_file_actions_adddup2(&actions, childFd, 3);
+    sigset_t none, all;
+    sigemptyset(&none);
+    sigfillset(&all);
+    posix_spawnattr_setsigmask(&attributes, &none);
+    posix_spawnattr_setsigdefault(&attributes, &all);
+    posix_spawnattr_setpgroup(&attributes, 0);
+    posix_spawnattr_setflags(
+        &attributes, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETPGROUP);
+    std::vector<char*> argv;
+    argv.push_back(const_cast<char*>(argv0.c_str()));
+    for (const auto& argument : launch.arguments)
+      argv.push_back(const_cast<char*>(argument.c_str()));
+    argv.push_back(nullptr);
+    std::vector<char*> envp;
+    for (const auto& variable : environment) envp.push_back(const_cast<char*>(variable.c_str()));
+    envp.push_back(nullptr);
+    const int error = ::posix_spawn(&pid, launch.executable.c_str(), &actions, &attributes,
+                                    argv.data(), envp.data());
+    posix_spawn_file_actions_destroy(&actions);
+    posix_spawnattr_destroy(&attributes);
+    ::close(childFd);
+    if (error != 0) {
+      failure = "cannot run " + launch.executable + ": " + std::strerror(error);
+      pid = 0;
+    }
+  }
+  if (!failure.empty()) {
+    spdlog::error("runtime: sandbox process slot {}: {}", process->slot, failure);
+    end(process, {},
+        CallError{
+            CallErrc::sandboxCrashed, "the sandbox process could not be started: " + failure, {}},
+        failure, false);
+    return;
+  }
+  {
+    std::lock_guard lock(process->mutex);
+    process->pid = pid;
+    // Ended while it was being started: the reap queued behind this task collects it.
+    if (process->killRequested) ::kill(pid, SIGKILL);
+  }
+  spdlog::debug("runtime: started sandbox process {} for slot {}", pid, process->slot);
+}
+
+void ProcessSandboxPool::Impl::reap(const std::shared_ptr<Process>& process) {
+  int pid;
+  {
+    std::lock_guard lock(process->mutex);
+    pid = process->pid;
+  }
+  if (pid <= 0) return;
+  int status = 0;
+  pid_t reaped;
+  do {
+    reaped = ::waitpid(pid, &status, 0);
+  } while (reaped < 0 && errno == EINTR);
+  if (reaped == pid) {
+    // Our own SIGKILL (every end but a clean exit goes through one) says nothing; anything else
+    // tells what happened (V8 aborts with SIGTRAP, SIGILL or SIGABRT).
+    const bool ours = WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
+    const bool clean = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    spdlog::log(ours || clean ? spdlog::level::debug : spdlog::level::warn,
+                "runtime: sandbox process {} (slot {}) {}", pid, process->slot,
+                describeStatus(status));
+  }
+  std::lock_guard lock(process->mutex);
+  process->pid = 0;
+}
+
+void ProcessSandboxPool::Impl::end(const std::shared_ptr<Process>& process,
+                                   std::map<std::uint64_t, CallError> verdicts, CallError fallback,
+                                   const std::string& why, bool expected) {
+  std::map<std::uint64_t, PendingCall> calls;
+  std::map<std::uint64_t, Process::Op> ops;
+  int pid;
+  {
+    std::lock_guard lock(process->mutex);
+    if (process->ended) return;
+    process->ended = true;
+    process->killRequested = true;
+    calls.swap(process->calls);
+    ops.swap(process->ops);
+    process->sandboxes.clear();
+    pid = process->pid;
+    // Not reaped yet (that happens on the supervisor, after this), so the pid is still ours.
+    if (pid > 0) ::kill(pid, SIGKILL);
+  }
+  process->channel->close(why);
+  asio::dispatch(process->channel->strand(), [process] { process->watch.cancel(); });
+  supervisor.post([self = shared_from_this(), process] { self->reap(process); });
+  if (!expected) {
+    spdlog::warn("runtime: sandbox process {} (slot {}) ended: {}; {} call(s) in it ended", pid,
+                 process->slot, why, calls.size());
+    std::lock_guard lock(mutex);
+    slots[process->slot].ends.push_back(Clock::now());
+  }
+  std::vector<std::function<void()>> aborts;
+  for (auto& [op, entry] : ops) {
+    for (auto& abort : entry.proxy->abort()) aborts.push_back(std::move(abort));
+  }
+  runAborts(std::move(aborts));
+  const auto now = Clock::now();
+  for (auto& [id, call] : calls) {
+    CallError error = fallback;
+    if (auto verdict = verdicts.find(id); verdict != verdicts.end()) {
+      error = std::move(verdict->second);
+    } else if (call.cancelRequested && fallback.code == CallErrc::sandboxCrashed) {
+      error = CallError{CallErrc::cancelled, "the caller cancelled the call", {}};
+    }
+    CallOutcome outcome = failedOutcome(call.tool, std::move(error));
+    if (call.started) outcome.usage.wallMs = millisBetween(call.startedAt, now);
+    call.deliver(nullptr, std::move(outcome));
+  }
+}
+
+void ProcessSandboxPool::Impl::runAborts(std::vector<std::function<void()>> aborts) {
+  if (aborts.empty()) return;
+  asio::post(hostThreads, [aborts = std::move(aborts)] {
+    for (const auto& abort : aborts) {
+      try {
+        abort();
+      } catch (const std::exception& e) {
+        spdlog::error("runtime: aborting a host operation threw: {}", e.what());
+      }
+    }
+  });
+}
+
+// --- Messages from a host ---
+
+void ProcessSandboxPool::Impl::onMessage(const std::shared_ptr<Process>& process,
+                                         const json::object& message) {
+  try {
+    handle(process, message);
+  } catch (const std::exception& e) {
+    spdlog::error("runtime: sandbox process slot {} broke the protocol: {}", process->slot,
+                  e.what());
+    end(process, {},
+        CallError{CallErrc::sandboxCrashed,
+                  "the sandbox process broke the protocol and was killed; the call's sandbox is "
+                  "gone",
+                  {}},
+        std::string("protocol error: ") + e.what(), false);
+  }
+}
+
+namespace {
+
+CallError stalledVerdict(Kill reason, const PendingCall& call) {
+  const EffectiveLimits& limits = call.limits;
+  const std::string killed = "; its sandbox process was killed";
+  switch (reason) {
+    case Kill::cpuLimit:
+      return {CallErrc::cpuLimit,
+              "the call did not stop at its CPU time limit of " + std::to_string(limits.cpuMs) +
+                  " ms" + killed,
+              {}};
+    case Kill::memoryLimit:
+      return {CallErrc::memoryLimit,
+              "the call did not stop at its heap limit of " + std::to_string(limits.heapMb) +
+                  " MiB" + killed,
+              {}};
+    case Kill::arrayBufferLimit:
+      return {CallErrc::arrayBufferLimit,
+              "the call did not stop at its ArrayBuffer limit of " +
+                  std::to_string(limits.arrayBufferMb) + " MiB" + killed,
+              {}};
+    case Kill::cancelled:
+      return {CallErrc::cancelled, "the call was cancelled and did not stop" + killed, {}};
+    case Kill::timeout:
+    case Kill::none:
+      break;
+  }
+  return {CallErrc::timeout,
+          "the call did not stop at its wall-clock limit of " + std::to_string(limits.wallMs) +
+              " ms" + killed,
+          {}};
+}
+
+const CallError kKilledForAnother{
+    CallErrc::sandboxCrashed,
+    "another call in the same sandbox process did not stop at its limit, so the process was "
+    "killed; this call's sandbox is gone (calling again starts a new one)",
+    {}};
+
+}  // namespace
+
+void ProcessSandboxPool::Impl::handle(const std::shared_ptr<Process>& process,
+                                      const json::object& message) {
+  const std::string type = ipc::stringField(message, "t");
+  if (type == "started") {
+    {
+      std::lock_guard lock(process->mutex);
+      auto found = process->calls.find(ipc::uintField(message, "id"));
+      if (found == process->calls.end()) return;
+      found->second.started = true;
+      found->second.startedAt = Clock::now();
+    }
+    rearm(process);
+  } else if (type == "result") {
+    PendingCall call;
+    {
+      std::lock_guard lock(process->mutex);
+      auto found = process->calls.find(ipc::uintField(message, "id"));
+      if (found == process->calls.end()) return;
+      call = std::move(found->second);
+      process->calls.erase(found);
+    }
+    if (const auto* exception = message.if_contains("exception")) {
+      const std::string what = exception->is_string() ? std::string(exception->get_string()) : "";
+      call.deliver(std::make_exception_ptr(std::runtime_error("the sandbox host failed: " + what)),
+                   CallOutcome{});
+      return;
+    }
+    call.deliver(nullptr, ipc::outcomeFromJson(ipc::objectField(message, "outcome")));
+  } else if (type == "sandboxes") {
+    std::vector<SandboxInfo> list;
+    const auto& given = ipc::field(message, "list");
+    if (!given.is_array()) throw ipc::ProtocolError("\"list\" is not an array");
+    for (const auto& info : given.get_array()) {
+      if (!info.is_object()) throw ipc::ProtocolError("a sandbox is not an object");
+      list.push_back(ipc::infoFromJson(info.get_object()));
+    }
+    std::lock_guard lock(process->mutex);
+    process->sandboxes = std::move(list);
+    process->sandboxesAt = Clock::now();
+  } else if (type == "stalled") {
+    std::map<std::uint64_t, CallError> verdicts;
+    std::string names;
+    {
+      std::lock_guard lock(process->mutex);
+      const auto& calls = ipc::field(message, "calls");
+      if (!calls.is_array()) throw ipc::ProtocolError("\"calls\" is not an array");
+      for (const auto& entry : calls.get_array()) {
+        const auto& stalled = entry.as_object();
+        const auto id = ipc::uintField(stalled, "id");
+        const auto reason = ipc::killFromName(ipc::stringField(stalled, "reason"));
+        auto found = process->calls.find(id);
+        if (found == process->calls.end()) continue;
+        verdicts.emplace(id, stalledVerdict(reason.value_or(Kill::timeout), found->second));
+        names += (names.empty() ? "" : ", ") + found->second.tool->name;
+      }
+    }
+    if (verdicts.empty()) return;  // they ended meanwhile after all
+    end(process, std::move(verdicts), kKilledForAnother,
+        "a call of " + names + " did not stop within " + std::to_string(config.killGraceMs) +
+            " ms of being told to (a builtin that ignores termination); killed",
+        false);
+  } else if (type == "resolveInvocation") {
+    const auto rid = ipc::uintField(message, "rid");
+    const auto revision = ipc::stringField(message, "revision");
+    const auto name = ipc::stringField(message, "name");
+    registry::ToolRevisionPtr tool;
+    {
+      std::lock_guard lock(process->mutex);
+      for (const auto& [id, call] : process->calls) {
+        if (call.tool->revision == revision) tool = call.tool;
+      }
+    }
+    if (!tool) {
+      process->channel->send(
+          json::object{{"t", "reply"}, {"rid", rid}, {"error", "the call has ended"}});
+      return;
+    }
+    asio::post(hostThreads, [self = shared_from_this(), process, rid, tool, name] {
+      json::object reply{{"t", "reply"}, {"rid", rid}};
+      try {
+        auto answer = self->host.resolveInvocation(*tool, name);
+        if (answer) {
+          reply["ok"] = std::move(*answer);
+        } else {
+          reply["error"] = answer.error();
+        }
+      } catch (const std::exception& e) {
+        spdlog::error("runtime: resolveInvocation for {} threw: {}", tool->name, e.what());
+        reply["error"] = "the daemon failed to answer";
+      }
+      process->channel->send(reply);
+    });
+  } else if (type == "createSubtasks") {
+    const auto rid = ipc::uintField(message, "rid");
+    registry::ToolRevisionPtr tool;
+    {
+      std::lock_guard lock(process->mutex);
+      auto found = process->calls.find(ipc::uintField(message, "call"));
+      if (found != process->calls.end()) tool = found->second.tool;
+    }
+    if (!tool) {
+      process->channel->send(
+          json::object{{"t", "reply"}, {"rid", rid}, {"error", "the call has ended"}});
+      return;
+    }
+    asio::post(hostThreads, [self = shared_from_this(), process, rid, tool,
+                             drafts = ipc::field(message, "drafts"),
+                             invocation = ipc::objectField(message, "invocation")] {
+      json::object reply{{"t", "reply"}, {"rid", rid}};
+      try {
+        auto answer = self->host.createSubtasks(*tool, drafts, invocation);
+        if (answer) {
+          reply["ok"] = std::move(*answer);
+        } else {
+          reply["error"] = answer.error();
+        }
+      } catch (const std::exception& e) {
+        spdlog::error("runtime: createSubtasks for {} threw: {}", tool->name, e.what());
+        reply["error"] = "the daemon failed to answer";
+      }
+      process->channel->send(reply);
+    });
+  } else if (type == "opStart") {
+    const auto op = ipc::uintField(message, "op");
+    const auto callId = ipc::uintField(message, "call");
+    registry::ToolRevisionPtr tool;
+    auto proxy = std::make_shared<OperationProxy>(process, op);
+    {
+      std::lock_guard lock(process->mutex);
+      auto found = process->calls.find(callId);
+      if (found == process->calls.end()) return;  // ended: its abort follows
+      tool = found->second.tool;
+      if (!process->ops.emplace(op, Process::Op{proxy, callId, false}).second) {
+        throw ipc::ProtocolError("an operation id used twice");
+      }
+    }
+    asio::post(hostThreads, [self = shared_from_this(), tool, proxy,
+                             invocation = ipc::objectField(message, "invocation"),
+                             kind = ipc::stringField(message, "kind"),
+                             request = ipc::field(message, "request")]() mutable {
+      try {
+        self->host.startOperation(*tool, invocation, kind, std::move(request), proxy);
+      } catch (const std::exception& e) {
+        spdlog::error("runtime: starting a host operation of {} threw: {}", tool->name, e.what());
+        proxy->complete(HostOpFailure{"failed", "the host failed to start the operation"});
+      }
+    });
+  } else if (type == "opAbort") {
+    std::shared_ptr<OperationProxy> proxy;
+    {
+      std::lock_guard lock(process->mutex);
+      auto found = process->ops.find(ipc::uintField(message, "op"));
+      if (found == process->ops.end()) return;
+      if (found->second.paused) {
+        if (auto call = process->calls.find(found->second.call); call != process->calls.end()) {
+          call->second.unpause(Clock::now());
+        }
+      }
+      proxy = found->second.proxy;
+      process->ops.erase(found);
+    }
+    runAborts(proxy->abort());
+  } else if (type == "pong") {
+    {
+      std::lock_guard lock(process->mutex);
+      if (process->ping != ipc::uintField(message, "seq")) return;
+      process->ping.reset();
+      process->nextPing = Clock::now() + grace;
+    }
+    rearm(process);
+  } else {
+    throw ipc::ProtocolError("unknown message type \"" + type + "\"");
+  }
+}
+
+// --- The backstop: a started call past its wall clock plus the grace gets its process pinged;
+// no answer within the grace (or to the startup ping), and the process is killed. ---
+
+void ProcessSandboxPool::Impl::rearm(const std::shared_ptr<Process>& process) {
+  asio::dispatch(process->channel->strand(), [self = shared_from_this(), process] {
+    Clock::time_point next = Clock::time_point::max();
+    {
+      std::lock_guard lock(process->mutex);
+      if (process->ended) return;
+      if (process->ping) {
+        next = process->pingDeadline;
+      } else {
+        for (const auto& [id, call] : process->calls)
+          next = std::min(next, call.lateAt(self->grace));
+        if (next != Clock::time_point::max()) next = std::max(next, process->nextPing);
+      }
+    }
+    process->watch.expires_at(next);
+    process->watch.async_wait([self, process](boost::system::error_code error) {
+      if (!error) self->onWatch(process);
+    });
+  });
+}
+
+void ProcessSandboxPool::Impl::onWatch(const std::shared_ptr<Process>& process) {
+  const auto now = Clock::now();
+  std::map<std::uint64_t, CallError> verdicts;
+  bool unresponsive = false;
+  bool starting = false;
+  {
+    std::lock_guard lock(process->mutex);
+    if (process->ended) return;
+    if (process->ping && now >= process->pingDeadline) {
+      unresponsive = true;
+      starting = *process->ping == 0;
+      for (const auto& [id, call] : process->calls) {
+        if (call.lateAt(grace) <= now) {
+          verdicts.emplace(id, CallError{CallErrc::timeout,
+                                         "the call did not stop at its wall-clock limit of " +
+                                             std::to_string(call.limits.wallMs) +
+                                             " ms and its sandbox process stopped responding; "
+                                             "the process was killed",
+                                         {}});
+        }
+      }
+    } else if (!process->ping && now >= process->nextPing) {
+      bool late = false;
+      for (const auto& [id, call] : process->calls) late = late || call.lateAt(grace) <= now;
+      if (late) {
+        process->ping = ++process->pingSeq;
+        process->pingDeadline = now + grace;
+        process->channel->send(json::object{{"t", "ping"}, {"seq", *process->ping}});
+      }
+    }
+  }
+  if (unresponsive) {
+    end(process, std::move(verdicts),
+        CallError{CallErrc::sandboxCrashed,
+                  starting ? "the sandbox process did not start (see the daemon's log)"
+                           : "the sandbox process stopped responding and was killed; the call's "
+                             "sandbox is gone",
+                  {}},
+        starting ? "it did not answer within " + std::to_string(kStartupTimeout.count()) +
+                       " ms of starting; killed"
+                 : "it did not answer a ping within " + std::to_string(config.killGraceMs) +
+                       " ms; killed",
+        false);
+    return;
+  }
+  rearm(process);
+}
+
+void ProcessSandboxPool::Impl::shutdown() {
+  std::vector<std::shared_ptr<Process>> processes;
+  {
+    std::lock_guard lock(mutex);
+    stopping = true;
+    for (auto& slot : slots) {
+      if (slot.process) processes.push_back(std::move(slot.process));
+      slot.process.reset();
+    }
+  }
+  for (const auto& process : processes) {
+    end(process, {}, CallError{CallErrc::cancelled, "the runtime is shutting down", {}},
+        "the runtime is shutting down", true);
+  }
+  supervisor.join();   // every process killed and reaped
+  hostThreads.join();  // every host request and abort has run
+}
+
+// --- ProcessSandboxPool ---
+
+ProcessSandboxPool::ProcessSandboxPool(RuntimeConfig config, CapabilityHost& host,
+                                       SandboxLaunch launch, asio::any_io_executor executor) {
+  checkRuntimeConfig(config);
+  if (launch.executable.empty()) {
+    throw std::invalid_argument("the sandbox host executable is not set");
+  }
+  impl_ = std::make_shared<Impl>(std::move(config), host, std::move(launch), std::move(executor));
+}
+
+ProcessSandboxPool::~ProcessSandboxPool() { impl_->shutdown(); }
+
+const RuntimeConfig& ProcessSandboxPool::config() const { return impl_->config; }
+
+asio::awaitable<CallOutcome> ProcessSandboxPool::call(registry::ToolRevisionPtr tool,
+                                                      const json::object& arguments,
+                                                      CallOptions options) {
+  // Already cancelled: the co_await below would throw; answer like any other cancelled call.
+  auto state = co_await asio::this_coro::cancellation_state;
+  if (state.cancelled() != asio::cancellation_type::none) {
+    co_return failedOutcome(tool,
+                            CallError{CallErrc::cancelled, "the caller cancelled the call", {}});
+  }
+  if (!tool) throw std::invalid_argument("ProcessSandboxPool::call without a tool revision");
+  auto admission = admitCall(*tool, options, impl_->config);
+  if (!admission) co_return failedOutcome(tool, std::move(admission.error()));
+  // `arguments` is copied here, before the first suspension.
+  json::object message{
+      {"t", "call"},
+      {"revision", tool->revision},
+      {"arguments", arguments},
+      {"mode", options.mode == CallOptions::Mode::disposable ? "disposable" : "retained"},
+      {"limits", ipc::limitsToJson(options.limits)},
+      {"invocation", std::move(options.invocation)}};
+  co_return co_await impl_->asyncCall(std::move(message), std::move(tool), *admission,
+                                      asio::use_awaitable);
+}
+
+std::vector<SandboxInfo> ProcessSandboxPool::list() const {
+  const auto now = Clock::now();
+  std::vector<std::pair<Clock::time_point, SandboxInfo>> rows;
+  std::lock_guard lock(impl_->mutex);
+  for (const auto& slot : impl_->slots) {
+    if (!slot.process) continue;
+    const Process& process = *slot.process;
+    std::lock_guard processLock(process.mutex);
+    if (process.ended) continue;
+    std::map<std::string, const PendingCall*> running;  // retained calls in flight, by revision
+    for (const auto& [id, call] : process.calls) {
+      if (!call.ownSandbox) running.emplace(call.tool->revision, &call);
+    }
+    for (const auto& known : process.sandboxes) {
+      SandboxInfo info = known;
+      const auto lastUsed = process.sandboxesAt - milliseconds(known.idleMs);
+      info.busy = known.busy || running.erase(known.revision) > 0;
+      info.idleMs = info.busy ? 0 : millisBetween(lastUsed, now);
+      rows.emplace_back(lastUsed, std::move(info));
+    }
+    for (const auto& [revision, call] : running) {  // first calls, still running
+      SandboxInfo info;
+      info.revision = revision;
+      info.name = call->tool->name;
+      info.busy = true;
+      rows.emplace_back(now, std::move(info));
+    }
+  }
+  std::stable_sort(rows.begin(), rows.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<SandboxInfo> out;
+  out.reserve(rows.size());
+  for (auto& row : rows) out.push_back(std::move(row.second));
+  return out;
+}
+
+bool ProcessSandboxPool::terminate(const std::string& revision) {
+  std::lock_guard lock(impl_->mutex);
+  auto& process = impl_->slots[impl_->slotOf(revision)].process;
+  if (!process) return false;
+  std::lock_guard processLock(process->mutex);
+  if (process->ended) return false;
+  auto& known = process->sandboxes;
+  auto found = std::find_if(known.begin(), known.end(),
+                            [&](const SandboxInfo& info) { return info.revision == revision; });
+  bool running = false;
+  for (const auto& [id, call] : process->calls) {
+    running = running || (!call.ownSandbox && call.tool->revision == revision);
+  }
+  if (found == known.end() && !running) return false;
+  if (found != known.end()) known.erase(found);
+  process->channel->send(json::object{{"t", "terminate"}, {"revision", revision}});
+  return true;
+}
+
+void ProcessSandboxPool::discard(const std::string& revision) {
+  std::lock_guard lock(impl_->mutex);
+  auto& process = impl_->slots[impl_->slotOf(revision)].process;
+  if (!process) return;
+  std::lock_guard processLock(process->mutex);
+  if (process->ended) return;
+  std::erase_if(process->sandboxes,
+                [&](const SandboxInfo& info) { return info.revision == revision; });
+  process->channel->send(json::object{{"t", "discard"}, {"revision", revision}});
+}
+
+std::vector<int> ProcessSandboxPool::processIds() const {
+  std::vector<int> out;
+  std::lock_guard lock(impl_->mutex);
+  for (const auto& slot : impl_->slots) {
+    int pid = 0;
+    if (slot.process) {
+      std::lock_guard processLock(slot.process->mutex);
+      if (!slot.process->ended) pid = slot.process->pid;
+    }
+    out.push_back(pid);
+  }
+  return out;
+}
+
+}  // namespace toolhost::runtime

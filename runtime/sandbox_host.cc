@@ -1,0 +1,507 @@
+#include "runtime/sandbox_host.h"
+
+#include "runtime/capability_host.h"
+#include "runtime/message_channel.h"
+#include "runtime/sandbox_pool.h"
+#include "runtime/sandbox_protocol.h"
+#include "runtime/v8_platform.h"
+
+#include <fcntl.h>
+#include <spdlog/sinks/stdout_sinks.h>
+#include <spdlog/spdlog.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <unistd.h>
+#include <boost/asio/bind_cancellation_slot.hpp>
+#include <boost/asio/cancellation_signal.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/json/array.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <csignal>
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <set>
+#include <vector>
+
+namespace toolhost::runtime {
+namespace asio = boost::asio;
+namespace json = boost::json;
+
+namespace {
+
+// Where the host keeps the daemon's id of a call inside its invocation, so that the requests the
+// call's sandbox makes can name it. Removed before anything is forwarded.
+constexpr std::string_view kCallKey = "toolhost.sandboxHost.call";
+
+void closeInheritedFds(int keep) {
+  auto closeRange = [](unsigned first, unsigned last) {
+    if (first > last) return;
+    if (::close_range(first, last, 0) == 0) return;
+    // A kernel without close_range: close what /proc lists.
+    std::vector<int> open;
+    std::error_code error;
+    for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd", error)) {
+      const int fd = std::atoi(entry.path().filename().c_str());
+      if (fd >= 0 && static_cast<unsigned>(fd) >= first && static_cast<unsigned>(fd) <= last) {
+        open.push_back(fd);
+      }
+    }
+    for (int fd : open) ::close(fd);
+  };
+  const auto kept = static_cast<unsigned>(keep);
+  if (kept > 3) closeRange(3, kept - 1);
+  closeRange(std::max(3u, kept + 1), ~0u);
+}
+
+// The invocation without the host's key, and the call id it held.
+std::pair<json::object, std::uint64_t> splitInvocation(const json::object& invocation) {
+  json::object forwarded = invocation;
+  std::uint64_t call = 0;
+  if (const auto* id = forwarded.if_contains(kCallKey)) {
+    call = id->to_number<std::uint64_t>();
+    forwarded.erase(kCallKey);
+  }
+  return {std::move(forwarded), call};
+}
+
+// A quick request's answer. (json::value converts from a string, so both sides are explicit.)
+using Answer = boost::system::result<json::value, std::string>;
+Answer answered(json::value value) {
+  return Answer(boost::system::in_place_value, std::move(value));
+}
+Answer refused(std::string why) { return Answer(boost::system::in_place_error, std::move(why)); }
+
+// The CapabilityHost of the host's SandboxPool: every request goes to the daemon.
+class ForwardingHost final : public CapabilityHost {
+ public:
+  ForwardingHost(std::shared_ptr<MessageChannel> channel, std::chrono::milliseconds timeout)
+      : channel_(std::move(channel)), timeout_(timeout) {}
+
+  boost::system::result<json::object, std::string> resolveInvocation(
+      const registry::ToolRevision& caller, const std::string& name) override {
+    auto answer = request(
+        json::object{{"t", "resolveInvocation"}, {"revision", caller.revision}, {"name", name}});
+    if (!answer) return answer.error();
+    if (!answer->is_object()) return std::string("the daemon's answer was not an object");
+    return std::move(answer->as_object());
+  }
+
+  boost::system::result<json::array, std::string> createSubtasks(
+      const registry::ToolRevision&, const json::value& drafts,
+      const json::object& invocation) override {
+    auto [forwarded, call] = splitInvocation(invocation);
+    auto answer = request(json::object{{"t", "createSubtasks"},
+                                       {"call", call},
+                                       {"drafts", drafts},
+                                       {"invocation", std::move(forwarded)}});
+    if (!answer) return answer.error();
+    if (!answer->is_array()) return std::string("the daemon's answer was not an array");
+    return std::move(answer->as_array());
+  }
+
+  void startOperation(const registry::ToolRevision&, const json::object& invocation,
+                      const std::string& kind, json::value request,
+                      std::shared_ptr<HostOperation> operation) override {
+    auto [forwarded, call] = splitInvocation(invocation);
+    const std::uint64_t op = nextId_.fetch_add(1);
+    {
+      std::lock_guard lock(mutex_);
+      if (closed_) {
+        operation->complete(HostOpFailure{"failed", "the sandbox host lost the daemon"});
+        return;
+      }
+      operations_[op] = operation;
+    }
+    channel_->send(json::object{{"t", "opStart"},
+                                {"op", op},
+                                {"call", call},
+                                {"kind", kind},
+                                {"request", std::move(request)},
+                                {"invocation", std::move(forwarded)}});
+    // After opStart: an abort that runs at once (the call already ended) follows the start.
+    operation->onAbort([this, op] {
+      if (take(op)) channel_->send(json::object{{"t", "opAbort"}, {"op", op}});
+    });
+  }
+
+  // --- From the daemon, on the channel's strand. ---
+
+  void reply(const json::object& message) {
+    const std::uint64_t rid = ipc::uintField(message, "rid");
+    std::shared_ptr<Waiter> waiter;
+    {
+      std::lock_guard lock(mutex_);
+      auto found = waiters_.find(rid);
+      if (found == waiters_.end()) return;  // timed out meanwhile
+      waiter = found->second;
+      waiters_.erase(found);
+    }
+    if (const auto* error = message.if_contains("error")) {
+      settle(*waiter, refused(error->is_string() ? std::string(error->get_string()) : "failed"));
+    } else {
+      settle(*waiter, answered(ipc::field(message, "ok")));
+    }
+  }
+
+  void complete(const json::object& message) {
+    auto operation = take(ipc::uintField(message, "op"));
+    if (!operation) return;  // aborted meanwhile
+    if (const auto* error = message.if_contains("error")) {
+      const auto& failure = error->as_object();
+      operation->complete(
+          HostOpFailure{ipc::stringField(failure, "code"), ipc::stringField(failure, "message")});
+    } else {
+      operation->complete(HostOpResult(ipc::field(message, "ok")));
+    }
+  }
+
+  void pause(const json::object& message, bool paused) {
+    std::shared_ptr<HostOperation> operation;
+    {
+      std::lock_guard lock(mutex_);
+      auto found = operations_.find(ipc::uintField(message, "op"));
+      if (found == operations_.end()) return;
+      operation = found->second;
+    }
+    if (paused) {
+      operation->pauseWallClock();
+    } else {
+      operation->resumeWallClock();
+    }
+  }
+
+  // The daemon is gone: every wait ends, every operation fails.
+  void close() {
+    std::map<std::uint64_t, std::shared_ptr<Waiter>> waiters;
+    std::map<std::uint64_t, std::shared_ptr<HostOperation>> operations;
+    {
+      std::lock_guard lock(mutex_);
+      closed_ = true;
+      waiters.swap(waiters_);
+      operations.swap(operations_);
+    }
+    for (auto& [rid, waiter] : waiters)
+      settle(*waiter, refused("the sandbox host lost the daemon"));
+    for (auto& [op, operation] : operations) {
+      operation->complete(HostOpFailure{"failed", "the sandbox host lost the daemon"});
+    }
+  }
+
+ private:
+  struct Waiter {
+    std::mutex mutex;
+    std::condition_variable answered;
+    std::optional<Answer> answer;
+  };
+
+  static void settle(Waiter& waiter, Answer answer) {
+    {
+      std::lock_guard lock(waiter.mutex);
+      waiter.answer = std::move(answer);
+    }
+    waiter.answered.notify_all();
+  }
+
+  // A quick request: blocks this V8 worker thread until the daemon answers.
+  Answer request(json::object message) {
+    const std::uint64_t rid = nextId_.fetch_add(1);
+    auto waiter = std::make_shared<Waiter>();
+    {
+      std::lock_guard lock(mutex_);
+      if (closed_) return refused("the sandbox host lost the daemon");
+      waiters_[rid] = waiter;
+    }
+    message["rid"] = rid;
+    channel_->send(message);
+    std::unique_lock lock(waiter->mutex);
+    if (!waiter->answered.wait_for(lock, timeout_, [&] { return waiter->answer.has_value(); })) {
+      lock.unlock();
+      std::lock_guard guard(mutex_);
+      waiters_.erase(rid);
+      return refused("the daemon did not answer within " + std::to_string(timeout_.count()) +
+                     " ms");
+    }
+    return std::move(*waiter->answer);
+  }
+
+  std::shared_ptr<HostOperation> take(std::uint64_t op) {
+    std::lock_guard lock(mutex_);
+    auto found = operations_.find(op);
+    if (found == operations_.end()) return nullptr;
+    auto operation = std::move(found->second);
+    operations_.erase(found);
+    return operation;
+  }
+
+  const std::shared_ptr<MessageChannel> channel_;
+  const std::chrono::milliseconds timeout_;
+  std::atomic<std::uint64_t> nextId_{1};
+  std::mutex mutex_;
+  bool closed_ = false;
+  std::map<std::uint64_t, std::shared_ptr<Waiter>> waiters_;            // by rid
+  std::map<std::uint64_t, std::shared_ptr<HostOperation>> operations_;  // by op
+};
+
+// The host's side of the socket. Everything here runs on the one thread running `io`.
+class HostSide {
+ public:
+  HostSide(asio::io_context& io, int fd)
+      : io_(io),
+        channel_(MessageChannel::create(io.get_executor(), fd, ipc::kMaxMessageBytes,
+                                        ipc::kMaxDaemonMessageDepth)),
+        timer_(io) {}
+
+  void start() {
+    channel_->start([this](json::object message) { onMessage(std::move(message)); },
+                    [this](const std::string& reason) { onClosed(reason); });
+  }
+
+  int exitCode() const { return exitCode_; }
+
+ private:
+  void onMessage(json::object message) {
+    try {
+      dispatch(message);
+    } catch (const std::exception& e) {
+      spdlog::error("a message from the daemon broke the protocol ({}); exiting", e.what());
+      exitCode_ = 3;
+      channel_->close("protocol error");
+    }
+  }
+
+  void dispatch(const json::object& message) {
+    const std::string type = ipc::stringField(message, "t");
+    if (!pool_) {
+      if (type != "hello") throw ipc::ProtocolError("the first message is not hello");
+      hello(message);
+    } else if (type == "call") {
+      call(message);
+    } else if (type == "cancel") {
+      auto found = calls_.find(ipc::uintField(message, "id"));
+      if (found != calls_.end()) found->second->emit(asio::cancellation_type::terminal);
+    } else if (type == "reply") {
+      host_->reply(message);
+    } else if (type == "opComplete") {
+      host_->complete(message);
+    } else if (type == "opPause" || type == "opResume") {
+      host_->pause(message, type == "opPause");
+    } else if (type == "terminate") {
+      pool_->terminate(ipc::stringField(message, "revision"));
+      sendSandboxes();
+    } else if (type == "discard") {
+      pool_->discard(ipc::stringField(message, "revision"));
+      sendSandboxes();
+    } else if (type == "forget") {
+      tools_.erase(ipc::stringField(message, "revision"));
+    } else if (type == "ping") {
+      channel_->send(json::object{{"t", "pong"}, {"seq", ipc::field(message, "seq")}});
+    } else {
+      throw ipc::ProtocolError("unknown message type \"" + type + "\"");
+    }
+  }
+
+  void hello(const json::object& message) {
+    const auto daemonPid = static_cast<pid_t>(ipc::uintField(message, "daemonPid"));
+    if (::getppid() != daemonPid) {
+      spdlog::warn("the daemon (pid {}) is gone; exiting", daemonPid);
+      channel_->close("the daemon is gone");
+      return;
+    }
+    const RuntimeConfig config = ipc::configFromJson(ipc::objectField(message, "config"));
+    spdlog::set_pattern("%Y-%m-%d %H:%M:%S.%e %-5l sandbox-host[%P] slot " +
+                        std::to_string(ipc::uintField(message, "slot")) + ": %v");
+    spdlog::set_level(spdlog::level::from_str(ipc::stringField(message, "logLevel")));
+    grace_ = std::chrono::milliseconds(std::max<std::int64_t>(config.killGraceMs, 1));
+    poll_ = std::clamp<std::chrono::milliseconds>(grace_ / 4, std::chrono::milliseconds(10),
+                                                  std::chrono::milliseconds(250));
+    host_ = std::make_unique<ForwardingHost>(
+        channel_,
+        std::chrono::milliseconds(std::max<std::int64_t>(config.hostRequestTimeoutMs, 1)));
+    platform_ = std::make_unique<V8Platform>();
+    pool_ = std::make_unique<SandboxPool>(config, *host_);
+    spdlog::debug("serving the daemon with {} V8 worker threads", config.workers);
+  }
+
+  void call(const json::object& message) {
+    const std::uint64_t id = ipc::uintField(message, "id");
+    const std::string revision = ipc::stringField(message, "revision");
+    registry::ToolRevisionPtr tool;
+    if (message.contains("tool")) {
+      tool = ipc::toolFromJson(ipc::objectField(message, "tool"));
+      if (tool->revision != revision) throw ipc::ProtocolError("the tool is not the revision");
+      tools_[revision] = tool;
+    } else {
+      auto found = tools_.find(revision);
+      if (found == tools_.end()) throw ipc::ProtocolError("a call of an unknown revision");
+      tool = found->second;
+    }
+    CallOptions options;
+    options.mode = ipc::stringField(message, "mode") == "disposable" ? CallOptions::Mode::disposable
+                                                                     : CallOptions::Mode::retained;
+    options.limits = ipc::limitsFromJson(ipc::objectField(message, "limits"));
+    options.invocation = ipc::objectField(message, "invocation");
+    options.invocation[kCallKey] = id;
+    options.tag = id;
+    options.onStart = [channel = channel_, id] {
+      channel->send(json::object{{"t", "started"}, {"id", id}});
+    };
+    auto signal = std::make_shared<asio::cancellation_signal>();
+    if (!calls_.emplace(id, signal).second) throw ipc::ProtocolError("a call id used twice");
+    asio::co_spawn(
+        io_,
+        [pool = pool_.get(), tool = std::move(tool),
+         arguments = ipc::objectField(message, "arguments"),
+         options = std::move(options)]() mutable -> asio::awaitable<CallOutcome> {
+          co_return co_await pool->call(std::move(tool), arguments, std::move(options));
+        },
+        asio::bind_cancellation_slot(signal->slot(),
+                                     [this, id](std::exception_ptr error, CallOutcome outcome) {
+                                       finished(id, error, std::move(outcome));
+                                     }));
+    watchStalls();
+  }
+
+  void finished(std::uint64_t id, std::exception_ptr error, CallOutcome outcome) {
+    // No cancel reaches this call any more; its signal is still in use by the completion that is
+    // running this, so it is destroyed afterwards.
+    if (auto found = calls_.find(id); found != calls_.end()) {
+      asio::post(io_, [signal = std::move(found->second)] {});
+      calls_.erase(found);
+    }
+    reported_.erase(id);
+    sendSandboxes();  // first, so that the daemon's list is current when the call returns
+    json::object message{{"t", "result"}, {"id", id}};
+    if (error) {
+      std::string what = "an unknown exception";
+      try {
+        std::rethrow_exception(error);
+      } catch (const std::exception& e) {
+        what = e.what();
+      } catch (...) {
+      }
+      spdlog::error("call {} failed with an exception: {}", id, what);
+      message["exception"] = what;
+    } else {
+      message["outcome"] = ipc::outcomeToJson(outcome);
+    }
+    channel_->send(message);
+  }
+
+  void sendSandboxes() {
+    json::array list;
+    for (const auto& info : pool_->list()) list.push_back(ipc::infoToJson(info));
+    channel_->send(json::object{{"t", "sandboxes"}, {"list", std::move(list)}});
+  }
+
+  // While calls run, asks the pool every poll_ for calls that did not stop within the grace.
+  void watchStalls() {
+    if (watching_ || calls_.empty()) return;
+    watching_ = true;
+    timer_.expires_after(poll_);
+    timer_.async_wait([this](boost::system::error_code error) {
+      watching_ = false;
+      if (error || !pool_) return;
+      reportStalls();
+      watchStalls();
+    });
+  }
+
+  void reportStalls() {
+    json::array stalled;
+    for (const auto& call : pool_->stalled(grace_)) {
+      if (!calls_.contains(call.tag) || !reported_.insert(call.tag).second) continue;
+      spdlog::warn(
+          "call {} was stopped ({}) more than {} ms ago and is still inside V8 (a builtin that "
+          "does not check for termination); the daemon will kill this process",
+          call.tag, ipc::killName(call.reason), grace_.count());
+      stalled.push_back(json::object{{"id", call.tag}, {"reason", ipc::killName(call.reason)}});
+    }
+    if (!stalled.empty()) {
+      channel_->send(json::object{{"t", "stalled"}, {"calls", std::move(stalled)}});
+    }
+  }
+
+  void onClosed(const std::string& reason) {
+    if (reason == "end of stream") {
+      spdlog::debug("the daemon closed the connection; exiting");
+    } else {
+      spdlog::warn("the connection to the daemon ended ({}); exiting", reason);
+      if (exitCode_ == 0) exitCode_ = 1;
+    }
+    if (host_) host_->close();
+    timer_.cancel();
+    io_.stop();
+  }
+
+  asio::io_context& io_;
+  std::shared_ptr<MessageChannel> channel_;
+  asio::steady_timer timer_;
+  int exitCode_ = 0;
+
+  std::chrono::milliseconds grace_{2000};
+  std::chrono::milliseconds poll_{250};
+  std::unique_ptr<ForwardingHost> host_;
+  std::unique_ptr<V8Platform> platform_;
+  std::unique_ptr<SandboxPool> pool_;
+
+  std::map<std::string, registry::ToolRevisionPtr> tools_;                     // by revision
+  std::map<std::uint64_t, std::shared_ptr<asio::cancellation_signal>> calls_;  // by call id
+  std::set<std::uint64_t> reported_;  // stalled calls already reported
+  bool watching_ = false;
+};
+
+}  // namespace
+
+int runSandboxHost(int fd, int argc, char** argv) {
+  (void)argc;
+  (void)argv;
+  // Die with the daemon (the thread that started us: its supervisor thread, which lives as long
+  // as the pool). The daemon's pid in the hello closes the race with a daemon that died before
+  // this line: we would have been re-parented by then.
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  std::signal(SIGPIPE, SIG_IGN);
+  // A crash of V8 here is expected now and then (that is why this process exists): no core
+  // files, which would be slow, large and hold tool data.
+  const rlimit noCore{0, 0};
+  ::setrlimit(RLIMIT_CORE, &noCore);
+  closeInheritedFds(fd);
+  // The daemon and its hosts share a cgroup (toolhost.service's MemoryMax=): when it runs out,
+  // the kernel must pick a host, never the daemon. Raising one's own score needs no privilege.
+  if (const int adjust = ::open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC); adjust >= 0) {
+    (void)!::write(adjust, "1000", 4);
+    ::close(adjust);
+  }
+
+  auto logger = spdlog::stderr_logger_mt("sandbox-host");
+  spdlog::set_default_logger(logger);
+  spdlog::set_pattern("%Y-%m-%d %H:%M:%S.%e %-5l sandbox-host[%P]: %v");
+  spdlog::flush_on(spdlog::level::trace);
+
+  int code = 0;
+  try {
+    // Never destroyed (see below).
+    auto* io = new asio::io_context(1);
+    auto* side = new HostSide(*io, fd);
+    side->start();
+    io->run();
+    code = side->exitCode();
+  } catch (const std::exception& e) {
+    spdlog::critical("the sandbox host failed: {}", e.what());
+    code = 2;
+  }
+  spdlog::default_logger()->flush();
+  // No destructors: the pool would join V8 threads, and one stuck in a builtin never returns.
+  std::_Exit(code);
+}
+
+}  // namespace toolhost::runtime

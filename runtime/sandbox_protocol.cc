@@ -1,0 +1,244 @@
+#include "runtime/sandbox_protocol.h"
+
+#include <algorithm>
+#include <array>
+#include <utility>
+
+namespace toolhost::runtime::ipc {
+namespace json = boost::json;
+
+namespace {
+
+constexpr std::array<std::pair<const char*, std::optional<std::int64_t> CallLimits::*>, 6>
+    kLimitFields{{
+        {"wallMs", &CallLimits::wallMs},
+        {"cpuMs", &CallLimits::cpuMs},
+        {"heapMb", &CallLimits::heapMb},
+        {"arrayBufferMb", &CallLimits::arrayBufferMb},
+        {"stackKb", &CallLimits::stackKb},
+        {"outputBytes", &CallLimits::outputBytes},
+    }};
+
+constexpr std::array kErrcs{
+    CallErrc::timeout,          CallErrc::cpuLimit,       CallErrc::memoryLimit,
+    CallErrc::arrayBufferLimit, CallErrc::stackLimit,     CallErrc::outputTooLarge,
+    CallErrc::toolThrew,        CallErrc::invalidResult,  CallErrc::invalidModule,
+    CallErrc::invalidLimits,    CallErrc::cancelled,      CallErrc::overloaded,
+    CallErrc::notRunnable,      CallErrc::sandboxCrashed,
+};
+
+constexpr std::array<std::pair<Kill, const char*>, 5> kKills{{
+    {Kill::timeout, "timeout"},
+    {Kill::cpuLimit, "cpu-limit"},
+    {Kill::memoryLimit, "memory-limit"},
+    {Kill::arrayBufferLimit, "array-buffer-limit"},
+    {Kill::cancelled, "cancelled"},
+}};
+
+template <typename T>
+T number(const json::object& json, std::string_view name) {
+  try {
+    return field(json, name).to_number<T>();
+  } catch (const std::exception&) {
+    throw ProtocolError("\"" + std::string(name) + "\" is not a number in range");
+  }
+}
+
+bool boolField(const json::object& json, std::string_view name) {
+  const auto& value = field(json, name);
+  if (!value.is_bool()) throw ProtocolError("\"" + std::string(name) + "\" is not a boolean");
+  return value.get_bool();
+}
+
+}  // namespace
+
+std::size_t maxMessageDepth(const RuntimeConfig& config) {
+  return std::max<std::size_t>(256, config.maxResultDepth + 16);
+}
+
+const json::value& field(const json::object& message, std::string_view name) {
+  const auto* value = message.if_contains(name);
+  if (value == nullptr) throw ProtocolError("the message has no \"" + std::string(name) + "\"");
+  return *value;
+}
+
+std::uint64_t uintField(const json::object& message, std::string_view name) {
+  return number<std::uint64_t>(message, name);
+}
+
+std::string stringField(const json::object& message, std::string_view name) {
+  const auto& value = field(message, name);
+  if (!value.is_string()) throw ProtocolError("\"" + std::string(name) + "\" is not a string");
+  return std::string(value.get_string());
+}
+
+const json::object& objectField(const json::object& message, std::string_view name) {
+  const auto& value = field(message, name);
+  if (!value.is_object()) throw ProtocolError("\"" + std::string(name) + "\" is not an object");
+  return value.get_object();
+}
+
+json::object limitsToJson(const CallLimits& limits) {
+  json::object out;
+  for (const auto& [name, member] : kLimitFields) {
+    if (const auto& value = limits.*member) out[name] = *value;
+  }
+  return out;
+}
+
+CallLimits limitsFromJson(const json::object& json) {
+  CallLimits out;
+  for (const auto& [name, member] : kLimitFields) {
+    if (json.contains(name)) out.*member = number<std::int64_t>(json, name);
+  }
+  return out;
+}
+
+json::object configToJson(const RuntimeConfig& config) {
+  return json::object{
+      {"workers", config.workers},
+      {"maxRetained", config.maxRetained},
+      {"memoryBudgetMb", config.memoryBudgetMb},
+      {"maxQueuedPerSandbox", config.maxQueuedPerSandbox},
+      {"maxQueuedTotal", config.maxQueuedTotal},
+      {"maxResultDepth", config.maxResultDepth},
+      {"maxLogBytes", config.maxLogBytes},
+      {"workerStackMb", config.workerStackMb},
+      {"defaults", limitsToJson(config.defaults)},
+      {"caps", limitsToJson(config.caps)},
+      {"processes", config.processes},
+      {"killGraceMs", config.killGraceMs},
+      {"maxRestarts", config.maxRestarts},
+      {"restartWindowMs", config.restartWindowMs},
+      {"hostRequestTimeoutMs", config.hostRequestTimeoutMs},
+  };
+}
+
+RuntimeConfig configFromJson(const json::object& json) {
+  RuntimeConfig out;
+  out.workers = number<unsigned>(json, "workers");
+  out.maxRetained = number<std::size_t>(json, "maxRetained");
+  out.memoryBudgetMb = number<std::size_t>(json, "memoryBudgetMb");
+  out.maxQueuedPerSandbox = number<std::size_t>(json, "maxQueuedPerSandbox");
+  out.maxQueuedTotal = number<std::size_t>(json, "maxQueuedTotal");
+  out.maxResultDepth = number<std::size_t>(json, "maxResultDepth");
+  out.maxLogBytes = number<std::size_t>(json, "maxLogBytes");
+  out.workerStackMb = number<std::size_t>(json, "workerStackMb");
+  out.defaults = limitsFromJson(objectField(json, "defaults"));
+  out.caps = limitsFromJson(objectField(json, "caps"));
+  out.processes = number<unsigned>(json, "processes");
+  out.killGraceMs = number<std::int64_t>(json, "killGraceMs");
+  out.maxRestarts = number<unsigned>(json, "maxRestarts");
+  out.restartWindowMs = number<std::int64_t>(json, "restartWindowMs");
+  out.hostRequestTimeoutMs = number<std::int64_t>(json, "hostRequestTimeoutMs");
+  return out;
+}
+
+json::object toolToJson(const registry::ToolRevision& tool) {
+  return json::object{{"revision", tool.revision},
+                      {"name", tool.name},
+                      {"manifest", tool.manifest},
+                      {"installedAt", tool.installedAt},
+                      {"executionClass", registry::executionClassName(tool.executionClass)}};
+}
+
+registry::ToolRevisionPtr toolFromJson(const json::object& json) {
+  auto tool = std::make_shared<registry::ToolRevision>();
+  tool->revision = stringField(json, "revision");
+  tool->name = stringField(json, "name");
+  tool->manifest = objectField(json, "manifest");
+  tool->installedAt = stringField(json, "installedAt");
+  const std::string executionClass = stringField(json, "executionClass");
+  using registry::ExecutionClass;
+  bool known = false;
+  for (auto candidate : {ExecutionClass::sandboxedCode, ExecutionClass::externalService,
+                         ExecutionClass::trustedNative}) {
+    if (registry::executionClassName(candidate) == executionClass) {
+      tool->executionClass = candidate;
+      known = true;
+    }
+  }
+  if (!known) throw ProtocolError("unknown execution class \"" + executionClass + "\"");
+  return tool;
+}
+
+json::object outcomeToJson(const CallOutcome& outcome) {
+  json::object out{{"revision", outcome.revision},
+                   {"logs", outcome.logs},
+                   {"usage", json::object{{"wallMs", outcome.usage.wallMs},
+                                          {"cpuMs", outcome.usage.cpuMs},
+                                          {"heapPeakBytes", outcome.usage.heapPeakBytes},
+                                          {"freshSandbox", outcome.usage.freshSandbox}}}};
+  if (outcome.result) {
+    out["value"] = *outcome.result;
+  } else {
+    const CallError& error = outcome.result.error();
+    json::object described{{"code", callErrcName(error.code)}, {"detail", error.detail}};
+    if (!error.toolError.empty()) described["toolError"] = error.toolError;
+    out["error"] = std::move(described);
+  }
+  return out;
+}
+
+CallOutcome outcomeFromJson(const json::object& json) {
+  CallOutcome out;
+  out.revision = stringField(json, "revision");
+  out.logs = stringField(json, "logs");
+  const auto& usage = objectField(json, "usage");
+  out.usage.wallMs = number<std::int64_t>(usage, "wallMs");
+  out.usage.cpuMs = number<std::int64_t>(usage, "cpuMs");
+  out.usage.heapPeakBytes = number<std::uint64_t>(usage, "heapPeakBytes");
+  out.usage.freshSandbox = boolField(usage, "freshSandbox");
+  if (const auto* error = json.if_contains("error")) {
+    if (!error->is_object()) throw ProtocolError("\"error\" is not an object");
+    const auto& described = error->get_object();
+    const std::string name = stringField(described, "code");
+    auto code = callErrcFromName(name);
+    if (!code) throw ProtocolError("unknown error code \"" + name + "\"");
+    CallError failure{*code, stringField(described, "detail"), {}};
+    if (described.contains("toolError")) failure.toolError = objectField(described, "toolError");
+    out.result = std::move(failure);
+  } else {
+    out.result = field(json, "value");
+  }
+  return out;
+}
+
+json::object infoToJson(const SandboxInfo& info) {
+  return json::object{{"revision", info.revision},   {"name", info.name},     {"calls", info.calls},
+                      {"heapBytes", info.heapBytes}, {"idleMs", info.idleMs}, {"busy", info.busy}};
+}
+
+SandboxInfo infoFromJson(const json::object& json) {
+  SandboxInfo info;
+  info.revision = stringField(json, "revision");
+  info.name = stringField(json, "name");
+  info.calls = number<std::uint64_t>(json, "calls");
+  info.heapBytes = number<std::uint64_t>(json, "heapBytes");
+  info.idleMs = number<std::int64_t>(json, "idleMs");
+  info.busy = boolField(json, "busy");
+  return info;
+}
+
+std::optional<CallErrc> callErrcFromName(std::string_view name) {
+  for (auto code : kErrcs) {
+    if (callErrcName(code) == name) return code;
+  }
+  return std::nullopt;
+}
+
+std::string_view killName(Kill reason) {
+  for (const auto& [kill, name] : kKills) {
+    if (kill == reason) return name;
+  }
+  return "none";
+}
+
+std::optional<Kill> killFromName(std::string_view name) {
+  for (const auto& [kill, text] : kKills) {
+    if (text == name) return kill;
+  }
+  return std::nullopt;
+}
+
+}  // namespace toolhost::runtime::ipc

@@ -1,0 +1,303 @@
+// fetch() from sandboxed tools through the real daemon, against the local HTTPS test server (its
+// CA given as [fetch] extra_ca_file, 127.0.0.1 opened with allow_private): an allowed read, a
+// write the manifest does not request, prompts answered each way and each scope, no approver,
+// the prompt timeout, decisions across a restart, a new revision, oversized bodies, redirects,
+// header injection, blocked destinations, cancellation mid-request, the wall clock paused while a
+// person is asked, and the audit.
+#include "tests/e2e/mediation_support.h"
+
+#include <boost/json/parse.hpp>
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <string>
+#include <thread>
+
+using namespace toolhost::testing;
+using namespace toolhost::testing::e2e;
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+// Fetches args.url with args.{method, headers, body} through fetch() (or ctx.fetch when
+// args.viaCtx) and describes the Response, or the Error's code and message.
+constexpr std::string_view kReader = R"js(
+export default async (args, ctx) => {
+  const init = { method: args.method ?? 'GET' };
+  if (args.headers) init.headers = args.headers;
+  if (args.body !== undefined) init.body = args.body;
+  try {
+    const r = args.viaCtx ? await ctx.fetch(args.url, init) : await fetch(args.url, init);
+    return { status: r.status, statusText: r.statusText, url: r.url, ok: r.ok,
+             location: r.headers.get('location'), type: r.headers.get('content-type'),
+             text: await r.text() };
+  } catch (e) {
+    return { code: e.code ?? null, name: e.name, message: String(e.message) };
+  }
+}
+)js";
+
+json::object readCapabilities(const HttpsTestServer& server, std::string_view access = "read") {
+  return json::object{{"fetch", json::array{json::object{{"origin", server.origin()},
+                                                         {"access", json::array{access}}}}}};
+}
+
+struct Setup {
+  explicit Setup(std::string_view moreConfig = "") {
+    DaemonOptions options;
+    options.configToml = fetchConfig(server, moreConfig);
+    daemon = DaemonProcess::start(options);
+    admin.emplace(daemon->socket());
+  }
+  json::object fetch(std::string_view tool, json::object arguments) {
+    auto response =
+        admin->call("tools.call", json::object{{"name", tool}, {"arguments", arguments}});
+    INFO(daemon->log());
+    auto result = toolResult(response);
+    REQUIRE(result.is_object());
+    return result.as_object();
+  }
+
+  HttpsTestServer server;
+  std::unique_ptr<DaemonProcess> daemon;
+  std::optional<Peer> admin;
+};
+
+std::string codeOf(const json::object& outcome) {
+  INFO(json::serialize(outcome));
+  REQUIRE(outcome.contains("code"));
+  return text(outcome.at("code"));
+}
+
+}  // namespace
+
+TEST_CASE("fetch: an allowed read returns a Response; the request is audited", "[e2e][fetch]") {
+  Setup s;
+  auto revision = deploy(*s.admin, jsTool("reader", kReader, readCapabilities(s.server)));
+  decideAhead(*s.admin, revision, "fetch", s.server.origin(), "read");
+
+  auto ok = s.fetch("reader", json::object{{"url", s.server.url("/ok?key=sekrit")}});
+  CHECK(ok.at("status") == 200);
+  CHECK(ok.at("ok") == true);
+  CHECK(ok.at("statusText") == "OK");
+  CHECK(ok.at("text") == "ok");
+  CHECK(ok.at("type") == "text/plain");
+  CHECK(ok.at("url") == json::value(s.server.url("/ok?key=sekrit")));
+  auto viaCtx = s.fetch("reader", json::object{{"url", s.server.url("/json")}, {"viaCtx", true}});
+  CHECK(viaCtx.at("text") == R"({"ok":true})");
+  CHECK(s.server.requestCount("/ok") == 1);
+  CHECK(s.server.requestCount("/json") == 1);
+
+  auto entries = resultOf(s.admin->call("audit.tail", json::object{{"toolRevision", revision}}))
+                     .at("entries")
+                     .as_array();
+  std::vector<json::object> requests;
+  for (const auto& entry : entries) {
+    if (entry.at("kind") == "request") requests.push_back(entry.as_object());
+  }
+  REQUIRE(requests.size() == 2);
+  CHECK(requests[0].at("action") == "fetch");
+  CHECK(requests[0].at("target") == json::value(s.server.origin()));
+  CHECK(requests[0].at("access") == "read");
+  CHECK(requests[0].at("verdict") == "allow");
+  CHECK(requests[0].at("status") == 200);
+  CHECK(requests[0].at("bytes") == 2);
+  CHECK(requests[0].contains("durationMs"));
+  CHECK(json::serialize(entries).find("sekrit") == std::string::npos);
+}
+
+TEST_CASE("fetch: a write the manifest does not request is refused without a prompt",
+          "[e2e][fetch]") {
+  Setup s;
+  auto revision = deploy(*s.admin, jsTool("reader", kReader, readCapabilities(s.server)));
+  Approver approver(s.daemon->socket());
+  auto refused = s.fetch(
+      "reader", json::object{{"url", s.server.url("/echo")}, {"method", "POST"}, {"body", "{}"}});
+  CHECK(codeOf(refused) == "not-authorized");
+  CHECK_THAT(text(refused.at("message")), Catch::Contains("capabilities.fetch"));
+  approver.expectNoNotification();
+  CHECK(s.server.totalRequests() == 0);
+  // Even a stored allow does not lift the ceiling.
+  auto set = resultOf(s.admin->call("policy.set", json::object{{"toolRevision", revision},
+                                                               {"action", "fetch"},
+                                                               {"target", s.server.origin()},
+                                                               {"access", "write"},
+                                                               {"verdict", "allow"},
+                                                               {"scope", "always"}}));
+  CHECK(set.at("requested") == false);
+  CHECK(codeOf(s.fetch("reader", json::object{{"url", s.server.url("/echo")},
+                                              {"method", "PUT"}})) == "not-authorized");
+  CHECK(s.server.totalRequests() == 0);
+}
+
+TEST_CASE("fetch: prompts answered each way and each scope; no approver; the timeout",
+          "[e2e][fetch]") {
+  Setup s("[policy]\nprompt_timeout_ms = 400\n");
+  auto revision = deploy(*s.admin, jsTool("reader", kReader, readCapabilities(s.server)));
+  const json::object args{{"url", s.server.url("/ok")}};
+
+  // Nobody to ask: denied at once.
+  CHECK(codeOf(s.fetch("reader", args)) == "not-authorized");
+  CHECK(s.server.totalRequests() == 0);
+
+  Approver approver(s.daemon->socket());
+  auto answered = [&](std::string_view verdict, std::string_view scope) {
+    auto id = startCall(*s.admin, "reader", args);
+    auto prompt = approver.prompt();
+    CHECK(prompt.at("tool").at("revision") == json::value(revision));
+    CHECK(prompt.at("action") == "fetch");
+    CHECK(prompt.at("target") == json::value(s.server.origin()));
+    CHECK(prompt.at("access") == "read");
+    CHECK(prompt.at("private") == true);
+    CHECK(resultOf(approver.decide(prompt, verdict, scope)).at("requests") == 1);
+    auto result = toolResult(s.admin->response(id));
+    REQUIRE(result.is_object());
+    return result.as_object();
+  };
+  CHECK(answered("allow", "once").at("status") == 200);
+  CHECK(codeOf(answered("deny", "once")) == "not-authorized");
+  CHECK(answered("allow", "session").at("status") == 200);
+  CHECK(s.fetch("reader", args).at("status") == 200);  // decided for the session: no prompt
+  approver.expectNoNotification();
+  CHECK(s.server.requestCount("/ok") == 3);
+
+  // Unanswered: denied when the prompt times out.
+  deploy(*s.admin, jsTool("other-reader", kReader, readCapabilities(s.server)));
+  auto id = startCall(*s.admin, "other-reader", args);
+  auto prompt = approver.prompt();
+  CHECK(prompt.at("timeoutMs") == 400);
+  auto timedOut = toolResult(s.admin->response(id)).as_object();
+  CHECK(codeOf(timedOut) == "not-authorized");
+  CHECK(approver.notification().at("params").at("resolution") == "timeout");
+  CHECK(s.server.requestCount("/ok") == 3);
+}
+
+TEST_CASE("fetch: decisions survive a restart; a new revision needs its own approval",
+          "[e2e][fetch]") {
+  HttpsTestServer server;
+  DaemonOptions options;
+  options.configToml = fetchConfig(server);
+  auto daemon = DaemonProcess::start(options);
+  std::string stateDir = daemon->stateDir().string();
+  const json::object args{{"url", server.url("/ok")}};
+  std::string v1;
+  {
+    Peer admin(daemon->socket());
+    v1 = deploy(admin, jsTool("reader", kReader, readCapabilities(server)));
+    Approver approver(daemon->socket());
+    auto id = startCall(admin, "reader", args);
+    resultOf(approver.decide(approver.prompt(), "allow", "always"));
+    CHECK(toolResult(admin.response(id)).at("status") == 200);
+  }
+  REQUIRE(daemon->stop() == 0);
+
+  options.stateDir = stateDir;
+  auto restarted = DaemonProcess::start(options);
+  Peer admin(restarted->socket());
+  Approver approver(restarted->socket());
+  auto again =
+      toolResult(admin.call("tools.call", json::object{{"name", "reader"}, {"arguments", args}}));
+  CHECK(again.at("status") == 200);
+  approver.expectNoNotification();
+
+  // The same tool with other source: a new revision, asked about in its own right.
+  auto v2 =
+      deploy(admin, jsTool("reader", std::string(kReader) + "\n// v2\n", readCapabilities(server)));
+  REQUIRE(v2 != v1);
+  auto id = startCall(admin, "reader", args);
+  auto prompt = approver.prompt();
+  CHECK(prompt.at("tool").at("revision") == json::value(v2));
+  resultOf(approver.decide(prompt, "deny", "once"));
+  CHECK(codeOf(toolResult(admin.response(id)).as_object()) == "not-authorized");
+  CHECK(server.requestCount("/ok") == 2);
+}
+
+TEST_CASE("fetch: oversized bodies, redirects returned, header injection refused", "[e2e][fetch]") {
+  Setup s("max_response_bytes = 1000\n");
+  auto revision = deploy(*s.admin, jsTool("reader", kReader, readCapabilities(s.server)));
+  decideAhead(*s.admin, revision, "fetch", s.server.origin(), "read");
+
+  CHECK(codeOf(s.fetch("reader", json::object{{"url", s.server.url("/big?bytes=5000")}})) ==
+        "response-too-large");
+  CHECK(s.fetch("reader", json::object{{"url", s.server.url("/big?bytes=1000")}}).at("text") ==
+        json::value(std::string(1000, 'x')));
+
+  auto redirect = s.fetch("reader", json::object{{"url", s.server.url("/redirect")}});
+  CHECK(redirect.at("status") == 302);
+  CHECK(redirect.at("location") == "/ok");
+  CHECK(s.server.requestCount("/ok") == 0);
+
+  const auto before = s.server.totalRequests();
+  auto injected = s.fetch(
+      "reader", json::object{{"url", s.server.url("/echo")},
+                             {"headers", json::parse(R"([["X-Note","a\r\nX-Injected: 1"]])")}});
+  CHECK(codeOf(injected) == "invalid-header");
+  CHECK(s.server.totalRequests() == before);
+  // A cookie never leaves: refused by the daemon, or dropped by fetch() as browsers drop it.
+  auto cookie = s.fetch("reader", json::object{{"url", s.server.url("/echo")},
+                                               {"headers", json::parse(R"([["Cookie","a=b"]])")}});
+  if (cookie.contains("code")) {
+    CHECK(codeOf(cookie) == "invalid-header");
+  } else {
+    CHECK(text(cookie.at("text")).find("a=b") == std::string::npos);
+  }
+}
+
+TEST_CASE("fetch: blocked destinations are refused before any prompt", "[e2e][fetch]") {
+  Setup s;
+  auto capabilities = readCapabilities(s.server);
+  capabilities["fetch"].as_array().push_back(
+      json::object{{"origin", "https://169.254.169.254"}, {"access", json::array{"read"}}});
+  deploy(*s.admin, jsTool("reader", kReader, capabilities));
+  Approver approver(s.daemon->socket());
+  CHECK(codeOf(s.fetch("reader",
+                       json::object{{"url", "https://169.254.169.254/latest/meta-data/"}})) ==
+        "destination-blocked");
+  CHECK(codeOf(s.fetch("reader",
+                       json::object{{"url", "https://localhost:" + std::to_string(s.server.port()) +
+                                                "/ok"}})) == "destination-blocked");
+  CHECK(codeOf(s.fetch("reader", json::object{{"url", "https://0x7f000002/"}})) ==
+        "destination-blocked");
+  CHECK(codeOf(s.fetch("reader",
+                       json::object{{"url", "http://127.0.0.1:" + std::to_string(s.server.port()) +
+                                                "/ok"}})) == "scheme-not-allowed");
+  auto credentials =
+      s.fetch("reader", json::object{{"url", "https://me:pw-sekrit@127.0.0.1:" +
+                                                 std::to_string(s.server.port()) + "/ok"}});
+  CHECK(codeOf(credentials) == "credentials-in-url");
+  CHECK(text(credentials.at("message")).find("pw-sekrit") == std::string::npos);
+  approver.expectNoNotification();
+  CHECK(s.server.totalRequests() == 0);
+}
+
+TEST_CASE("fetch: cancelling tools.call aborts the request", "[e2e][fetch]") {
+  Setup s;
+  auto revision = deploy(*s.admin, jsTool("reader", kReader, readCapabilities(s.server)));
+  decideAhead(*s.admin, revision, "fetch", s.server.origin(), "read");
+  auto id = startCall(*s.admin, "reader", json::object{{"url", s.server.url("/hang")}});
+  REQUIRE(s.server.waitForRequests("/hang", 1, 10s));
+  const auto closedBefore = s.server.connectionsClosed();
+  auto cancelId = s.admin->nextId();
+  s.admin->send("$/cancelRequest", json::object{{"id", id}}, cancelId);
+  CHECK(resultOf(s.admin->response(cancelId)).at("cancelled") == true);
+  CHECK(errorCode(s.admin->response(id)) == -32009);
+  // The daemon closed the connection to the server.
+  INFO(s.daemon->log());
+  CHECK(s.server.waitForConnectionsClosed(closedBefore + 1, 5s));
+}
+
+TEST_CASE("fetch: the wall clock pauses while a person is asked", "[e2e][fetch]") {
+  Setup s;
+  deploy(*s.admin,
+         jsTool("reader", kReader, readCapabilities(s.server), json::object{{"wallMs", 500}}));
+  Approver approver(s.daemon->socket());
+  auto started = Clock::now();
+  auto id = startCall(*s.admin, "reader", json::object{{"url", s.server.url("/ok")}});
+  auto prompt = approver.prompt();
+  std::this_thread::sleep_for(1000ms);  // twice the tool's wall clock
+  resultOf(approver.decide(prompt, "allow", "once"));
+  auto response = s.admin->response(id);
+  CHECK(Clock::now() - started >= 1000ms);
+  CHECK(toolResult(response).at("status") == 200);
+}

@@ -362,7 +362,7 @@ TEST_CASE("fetch: the manifest's ceiling refuses without a prompt", "[daemon][fe
   CHECK(d.server.totalRequests() == 0);
 }
 
-TEST_CASE("fetch: a stored decision allows; the reply has the runtime's shape", "[daemon][fetch]") {
+TEST_CASE("fetch: a stored decision allows, the reply has the runtime's shape", "[daemon][fetch]") {
   Daemon d;
   auto tool = d.installFetcher(R"(["read","write"])");
   d.allowAlways(*tool, "write");
@@ -419,7 +419,7 @@ TEST_CASE("fetch: a stored decision allows; the reply has the runtime's shape", 
   CHECK(text.find("hello") == std::string::npos);
 }
 
-TEST_CASE("fetch: a prompt pauses the wall clock; each answer and scope", "[daemon][fetch]") {
+TEST_CASE("fetch: a prompt pauses the wall clock, each answer and scope", "[daemon][fetch]") {
   Daemon d;
   auto tool = d.installFetcher();
   Inbox approver;

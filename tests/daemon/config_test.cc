@@ -94,7 +94,7 @@ TEST_CASE("config errors name the key and what is wrong", "[config]") {
   check("this is = = not toml", ":1:");
 }
 
-TEST_CASE("socket path: flag, then TOOLHOST_SOCKET, then config; too long refused", "[config]") {
+TEST_CASE("socket path: flag, then TOOLHOST_SOCKET, then config, too long refused", "[config]") {
   ConfigFile file("[server]\nsocket = \"/tmp/from-config.sock\"\n");
   CommandLine commandLine;
   commandLine.configFile = file.path;
@@ -113,7 +113,7 @@ TEST_CASE("socket path: flag, then TOOLHOST_SOCKET, then config; too long refuse
   CHECK(loadConfig(commandLine).has_value());
 }
 
-TEST_CASE("[fetch]: opened ranges, the extra CA file, limits; what a reload applies",
+TEST_CASE("[fetch]: opened ranges, the extra CA file, limits, what a reload applies",
           "[config][fetch]") {
   auto defaults = load("");
   REQUIRE(defaults.has_value());

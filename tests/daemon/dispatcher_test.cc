@@ -64,7 +64,7 @@ std::int64_t errorCode(const std::optional<json::value>& response) {
 
 }  // namespace
 
-TEST_CASE("methods run only for the roles they name; admin runs everything", "[dispatcher]") {
+TEST_CASE("methods run only for the roles they name, admin runs everything", "[dispatcher]") {
   auto table = makeTable();
   Dispatcher dispatcher(table);
   const char* adminCall = R"({"jsonrpc":"2.0","method":"admin.only","id":1})";

@@ -49,7 +49,7 @@ TEST_CASE("the socket is created 0600 and removed on exit", "[e2e][daemon]") {
   CHECK_FALSE(fs::exists(daemon->socket()));
 }
 
-TEST_CASE("a stale socket is replaced; a live one stops a second daemon", "[e2e][daemon]") {
+TEST_CASE("a stale socket is replaced, a live one stops a second daemon", "[e2e][daemon]") {
   TempDir dir;
   auto socket = dir.path() / "s";
   makeStaleSocket(socket);

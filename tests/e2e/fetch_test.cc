@@ -72,7 +72,7 @@ std::string codeOf(const json::object& outcome) {
 
 }  // namespace
 
-TEST_CASE("fetch: an allowed read returns a Response; the request is audited", "[e2e][fetch]") {
+TEST_CASE("fetch: an allowed read returns a Response, the request is audited", "[e2e][fetch]") {
   Setup s;
   auto revision = deploy(*s.admin, jsTool("reader", kReader, readCapabilities(s.server)));
   decideAhead(*s.admin, revision, "fetch", s.server.origin(), "read");
@@ -131,7 +131,7 @@ TEST_CASE("fetch: a write the manifest does not request is refused without a pro
   CHECK(s.server.totalRequests() == 0);
 }
 
-TEST_CASE("fetch: prompts answered each way and each scope; no approver; the timeout",
+TEST_CASE("fetch: prompts answered each way and each scope, no approver, the timeout",
           "[e2e][fetch]") {
   Setup s("[policy]\nprompt_timeout_ms = 400\n");
   auto revision = deploy(*s.admin, jsTool("reader", kReader, readCapabilities(s.server)));
@@ -173,7 +173,7 @@ TEST_CASE("fetch: prompts answered each way and each scope; no approver; the tim
   CHECK(s.server.requestCount("/ok") == 3);
 }
 
-TEST_CASE("fetch: decisions survive a restart; a new revision needs its own approval",
+TEST_CASE("fetch: decisions survive a restart, a new revision needs its own approval",
           "[e2e][fetch]") {
   HttpsTestServer server;
   DaemonOptions options;

@@ -189,7 +189,7 @@ TEST_CASE("batches as the specification shows them", "[e2e][jsonrpc]") {
   }
 }
 
-TEST_CASE("responses complete out of order; a slow method blocks nobody", "[e2e][jsonrpc]") {
+TEST_CASE("responses complete out of order, a slow method blocks nobody", "[e2e][jsonrpc]") {
   auto daemon = DaemonProcess::start();
   RawClient client(daemon->socket());
   client.send(R"({"jsonrpc":"2.0","method":"ping","params":{"delayMs":1500},"id":"slow"})" "\n");

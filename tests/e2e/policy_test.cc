@@ -272,7 +272,7 @@ class ApproveProcess {
 
 }  // namespace
 
-TEST_CASE("the manifest ceiling refuses without a prompt; no approver denies at once",
+TEST_CASE("the manifest ceiling refuses without a prompt, no approver denies at once",
           "[e2e][policy]") {
   auto daemon = DaemonProcess::start();
   Peer admin(daemon->socket());
@@ -311,7 +311,7 @@ TEST_CASE("the manifest ceiling refuses without a prompt; no approver denies at 
   CHECK(stranger.at("error").at("data").at("kind") == "not-subscribed");
 }
 
-TEST_CASE("a program approver answers each way and each scope; decisions across a restart",
+TEST_CASE("a program approver answers each way and each scope, decisions across a restart",
           "[e2e][policy]") {
   auto daemon = DaemonProcess::start();
   Peer admin(daemon->socket());

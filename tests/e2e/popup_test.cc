@@ -130,7 +130,7 @@ TEST_CASE("popup: no host, not requested, not decided", "[e2e][popup]") {
   host.expectNoNotification();
 }
 
-TEST_CASE("popup: a prompt first, then the popup; the host leaving or the call ending",
+TEST_CASE("popup: a prompt first, then the popup, the host leaving or the call ending",
           "[e2e][popup]") {
   auto daemon = DaemonProcess::start();
   Peer agent(daemon->socket());

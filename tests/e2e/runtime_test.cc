@@ -65,7 +65,7 @@ std::size_t retainedCount(RawClient& client) {
 
 }  // namespace
 
-TEST_CASE("a sandboxed tool runs with its modules; state is retained per revision", "[e2e][runtime]") {
+TEST_CASE("a sandboxed tool runs with its modules, state is retained per revision", "[e2e][runtime]") {
   auto daemon = DaemonProcess::start();
   RawClient client(daemon->socket());
   auto counter = jsTool("counter",
@@ -115,7 +115,7 @@ TEST_CASE("a sandboxed tool runs with its modules; state is retained per revisio
   CHECK(resultOf(call(client, "counter")).at("n") == 10);
 }
 
-TEST_CASE("limits and failures become distinct JSON-RPC errors; the daemon survives", "[e2e][runtime]") {
+TEST_CASE("limits and failures become distinct JSON-RPC errors, the daemon survives", "[e2e][runtime]") {
   auto daemon = DaemonProcess::start();
   RawClient client(daemon->socket());
   auto limits = json::object{{"limits", json::parse(R"({"wallMs":400,"cpuMs":300,"heapMb":32,"arrayBufferMb":8,"outputBytes":1000})")}};
@@ -191,7 +191,7 @@ TEST_CASE("$/cancelRequest and a closed connection cancel a running call", "[e2e
   CHECK(resultOf(call(client, "quick")) == "ok");
 }
 
-TEST_CASE("capabilities: policy-gated ones refuse; subtasks go through the core", "[e2e][runtime]") {
+TEST_CASE("capabilities: policy-gated ones refuse, subtasks go through the core", "[e2e][runtime]") {
   auto daemon = DaemonProcess::start();
   RawClient client(daemon->socket());
   deploy(client, jsTool("gated",

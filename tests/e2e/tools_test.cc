@@ -189,7 +189,7 @@ TEST_CASE("tools.configure stores settings revisions per tool revision", "[e2e][
   CHECK(toolhost::protocol::encodeLine(got).find("metric") == std::string::npos);
 }
 
-TEST_CASE("only admins install; agents read and call", "[e2e][tools][peers]") {
+TEST_CASE("only admins install, agents read and call", "[e2e][tools][peers]") {
   if (::geteuid() != 0) {
     WARN("needs root to run a client as another uid; skipped");
     return;

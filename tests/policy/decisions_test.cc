@@ -326,7 +326,7 @@ TEST_CASE("manifest ceiling: fetch origin and class, popup target, invoke endpoi
   CHECK_FALSE(manifestRequests(external, fetchKey()));
 }
 
-TEST_CASE("authorize: not requested is denied without a prompt; no approver denies at once",
+TEST_CASE("authorize: not requested is denied without a prompt, no approver denies at once",
           "[policy][approvals]") {
   World world;
   auto denied = world.authorize(requestFor(fetchKey(), false));
@@ -449,7 +449,7 @@ TEST_CASE("authorize: a prompt nobody answers is denied at the timeout", "[polic
   CHECK(world.auditTail().back().kind == "denial");
 }
 
-TEST_CASE("authorize: concurrent identical requests share a prompt; others see it resolved",
+TEST_CASE("authorize: concurrent identical requests share a prompt, others see it resolved",
           "[policy][approvals]") {
   World world;
   std::vector<Notice> first, second;
@@ -485,7 +485,7 @@ TEST_CASE("authorize: concurrent identical requests share a prompt; others see i
   CHECK(world.broker.pendingPrompts().empty());
 }
 
-TEST_CASE("authorize: cancellation withdraws the prompt; the last approver leaving denies",
+TEST_CASE("authorize: cancellation withdraws the prompt, the last approver leaving denies",
           "[policy][approvals]") {
   World world;
   std::vector<Notice> inbox;

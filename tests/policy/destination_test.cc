@@ -798,7 +798,7 @@ TEST_CASE("names are blocked by whole labels only", "[destination][names]") {
   }
 }
 
-TEST_CASE("GET, HEAD and OPTIONS read; every other method writes", "[access_class]") {
+TEST_CASE("GET, HEAD and OPTIONS read, every other method writes", "[access_class]") {
   for (std::string_view method : {"GET"sv, "HEAD"sv, "OPTIONS"sv, "get"sv, "Head"sv, "oPtIoNs"sv}) {
     INFO(method);
     CHECK(accessClassOf(method) == AccessClass::read);

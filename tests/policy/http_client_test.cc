@@ -307,7 +307,7 @@ TEST_CASE("fetch: a redirect is returned, not followed") {
   CHECK(server.totalRequests() == 1);
 }
 
-TEST_CASE("fetch: interim responses are skipped; a body ended by the close is accepted") {
+TEST_CASE("fetch: interim responses are skipped, a body ended by the close is accepted") {
   HttpsTestServer server;
   HttpClient client(loopbackOpened(), server.caFile());
 

@@ -447,7 +447,7 @@ TEST_CASE("strings are escaped minimally", "[canonical_json]") {
   CHECK(writeJson(object) == "{\"\\t/\\u0001\":1}");
 }
 
-TEST_CASE("canonicalJson refuses invalid UTF-8; writeJson replaces it", "[canonical_json]") {
+TEST_CASE("canonicalJson refuses invalid UTF-8, writeJson replaces it", "[canonical_json]") {
   json::object object;
   object["ok"] = "fine";
   object["bad"] = json::array{1,

@@ -123,7 +123,7 @@ TEST_CASE("integers keep their Boost.JSON kinds", "[json_parse]") {
   CHECK(parsed("-9223372036854775809").as_double() == -9223372036854775808.0);
 }
 
-TEST_CASE("numbers beyond a double are refused; below one they become zero", "[json_parse]") {
+TEST_CASE("numbers beyond a double are refused, below one they become zero", "[json_parse]") {
   CHECK(refused("1e400").kind == Kind::numberOutOfRange);
   CHECK(refused("-1e400").kind == Kind::numberOutOfRange);
   CHECK(refused("[1, 1.8e308]").kind == Kind::numberOutOfRange);

@@ -188,7 +188,7 @@ TEST_CASE("a revision cannot be borrowed under another name", "[registry]") {
   CHECK(registry.getRevision("not-a-revision").error().code == RegistryErrc::notFound);
 }
 
-TEST_CASE("stored manifests are re-hashed on read; a mismatch is never served", "[registry]") {
+TEST_CASE("stored manifests are re-hashed on read, a mismatch is never served", "[registry]") {
   TempStore temp;
   std::string revision;
   {

@@ -273,7 +273,7 @@ TEST_CASE("a call is pinned to the bound registry revision and its settings revi
   CHECK(str(value(f.tasks.get(idOf(withSettings[0]))).at("call").at("toolRevision")) == revision);
 }
 
-TEST_CASE("an unresolved call is refused and named; bad arguments name the field", "[tasks][pin]") {
+TEST_CASE("an unresolved call is refused and named, bad arguments name the field", "[tasks][pin]") {
   Fixture f;
   f.installActive("weather");
   auto unresolved = failure(f.tasks.compile(
@@ -355,7 +355,7 @@ TEST_CASE("a definition in a sibling branch is not visible", "[tasks][scope]") {
   CHECK_FALSE(f.registry.tryBinding("local-tool").has_value());
 }
 
-TEST_CASE("a binding definition pins a registry revision; its calls pin the definition",
+TEST_CASE("a binding definition pins a registry revision, its calls pin the definition",
           "[tasks][scope]") {
   Fixture f;
   auto target = f.installActive("weather");

@@ -734,7 +734,7 @@ TEST_CASE("ctx.popup checks its request and resolves with the host's answer", "[
                                  R"(popup {"kind":"origin","url":"https://example.com/"})"});
 }
 
-TEST_CASE("storage and secrets are operations; the default host refuses them", "[ops][storage]") {
+TEST_CASE("storage and secrets are operations, the default host refuses them", "[ops][storage]") {
   PoolFixture f;
   auto tool = makeTool(R"(export default async (args, ctx) => {
       const out = [];

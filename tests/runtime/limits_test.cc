@@ -56,7 +56,7 @@ TEST_CASE("a request may only tighten", "[limits]") {
   CHECK(badManifest.error() == "the tool's manifest limits.wallMs is not a positive integer");
 }
 
-TEST_CASE("configured defaults and caps apply; unset ones fall back to the built-in values",
+TEST_CASE("configured defaults and caps apply, unset ones fall back to the built-in values",
           "[limits]") {
   RuntimeConfig config;
   config.defaults.wallMs = 1234;

@@ -320,7 +320,7 @@ TEST_CASE("limits and failures come through the process with their codes", "[pro
   CHECK(f.pid() == pid);
 }
 
-TEST_CASE("a fatal V8 error ends only the sandbox process; the next call restarts it",
+TEST_CASE("a fatal V8 error ends only the sandbox process, the next call restarts it",
           "[process][crash]") {
   ProcessFixture f;
   auto counter = counterTool();

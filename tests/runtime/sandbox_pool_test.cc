@@ -55,7 +55,7 @@ TEST_CASE("a tool's default export runs with the arguments and its result comes 
   }
 }
 
-TEST_CASE("module state is retained per revision; disposable calls get a fresh module", "[pool]") {
+TEST_CASE("module state is retained per revision, disposable calls get a fresh module", "[pool]") {
   PoolFixture f;
   const char* counter = "let calls = 0; export default () => ++calls;";
   auto tool = makeTool(counter);
@@ -80,7 +80,7 @@ TEST_CASE("module state is retained per revision; disposable calls get a fresh m
   CHECK(list[1].idleMs >= 0);
 }
 
-TEST_CASE("a tool that throws keeps its sandbox; the error says what was thrown", "[pool]") {
+TEST_CASE("a tool that throws keeps its sandbox, the error says what was thrown", "[pool]") {
   PoolFixture f;
   auto tool = makeTool(R"(let calls = 0;
       export default async (args) => {
@@ -333,7 +333,7 @@ TEST_CASE("console output is collected per call and bounded", "[pool][console]")
              Catch::EndsWith("[truncated] console output past 1024 bytes was dropped\n"));
 }
 
-TEST_CASE("calls to one revision are serialized; different revisions run in parallel",
+TEST_CASE("calls to one revision are serialized, different revisions run in parallel",
           "[pool][threads]") {
   PoolFixture f;
   auto a = makeTool(kBusy, {}, {}, "busy-a");

@@ -19,7 +19,7 @@ std::uint64_t parse(std::optional<std::string_view> v) {
 
 }  // namespace
 
-TEST_CASE("writes from several threads are serialized; readers see whole commits") {
+TEST_CASE("writes from several threads are serialized, readers see whole commits") {
   TempDir tmp;
   auto store = openOrFail(options(tmp.state()));
   const Table items = store->table("items");

@@ -83,7 +83,7 @@ TEST_CASE("prefix scans stay inside the prefix, including 0xFF bytes") {
   CHECK(f.keys(KeyRange::prefix("zz")).empty());
 }
 
-TEST_CASE("u64 keys iterate in numeric order; composite keys group by name") {
+TEST_CASE("u64 keys iterate in numeric order, composite keys group by name") {
   Fixture f;
   std::vector<std::string> keys;
   for (std::uint64_t id : {300ULL, 1ULL, 65536ULL, 255ULL, 256ULL}) keys.push_back(u64Key(id));

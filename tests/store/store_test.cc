@@ -115,7 +115,7 @@ TEST_CASE("binary keys and values with NUL bytes and large values round-trip") {
   CHECK(getOne(*store, "items", "big") == big);
 }
 
-TEST_CASE("write returns the callback's value; read wraps plain values") {
+TEST_CASE("write returns the callback's value, read wraps plain values") {
   TempDir tmp;
   auto store = openOrFail(options(tmp.state()));
   const Table items = store->table("items");
@@ -170,7 +170,7 @@ TEST_CASE("a write callback returning an error aborts: nothing is written, the e
   CHECK(getOne(*store, "items", "added") == std::nullopt);
 }
 
-TEST_CASE("an exception in a write callback aborts and propagates; the store stays usable") {
+TEST_CASE("an exception in a write callback aborts and propagates, the store stays usable") {
   TempDir tmp;
   {
     auto store = openOrFail(options(tmp.state()));
@@ -217,7 +217,7 @@ TEST_CASE("a failed operation poisons the transaction: never committed, whatever
   REQUIRE(putOne(*store, "items", std::string(kMaxKeySize, 'k'), "ok"));
 }
 
-TEST_CASE("write inside a write callback on the same thread is a bug; read inside sees the past") {
+TEST_CASE("write inside a write callback on the same thread is a bug, read inside sees the past") {
   TempDir tmp;
   auto store = openOrFail(options(tmp.state()));
   const Table items = store->table("items");

@@ -4,6 +4,7 @@
 #include "cli/approve.h"
 #include "cli/client.h"
 #include "cli/popup_host.h"
+#include "cli/secret_input.h"
 #include "protocol/json_parse.h"
 #include "protocol/json_text.h"
 #include "protocol/socket_path.h"
@@ -16,6 +17,7 @@
 #include <iostream>
 #include <iterator>
 #include <string>
+#include <vector>
 
 namespace json = boost::json;
 using namespace toolhost;
@@ -186,6 +188,41 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 10000));
   auditCommand->add_option("--revision", revision, "only this tool revision");
 
+  // secrets set|list|delete: the value of set is read from stdin or a hidden prompt, never from
+  // the command line (which ps and shell histories show).
+  auto* secrets =
+      app.add_subcommand("secrets", "secrets tools use but never read: set, list, delete");
+  secrets->require_subcommand(1);
+  std::string secretTool, secretName, secretRevision;
+  std::vector<std::string> secretOrigins;
+  bool secretCarry = false;
+  bool secretAllowBody = false;
+  auto* secretsSet = secrets->add_subcommand(
+      "set",
+      "store a secret: set TOOL NAME --origin https://api.example [--origin ...] [--revision REV] "
+      "[--carry] [--allow-body]; the value is read from stdin, or typed at a hidden prompt");
+  secretsSet->add_option("tool", secretTool, "tool name")->required();
+  secretsSet
+      ->add_option("name", secretName, "secret name, as in the manifest's capabilities.secrets")
+      ->required();
+  secretsSet->add_option("--origin", secretOrigins, "an exact https origin the value may go to")
+      ->required();
+  secretsSet->add_option("--revision", secretRevision,
+                         "the tool revision (default: the active one)");
+  secretsSet->add_flag("--carry", secretCarry,
+                       "later revisions of the tool that request the secret use it too");
+  secretsSet->add_flag("--allow-body", secretAllowBody,
+                       "also substitute it in request bodies (default: headers only)");
+  // Anything more is refused below without being repeated: it may be the value itself.
+  secretsSet->allow_extras();
+  auto* secretsList = secrets->add_subcommand("list", "stored secrets: names, scopes, origins");
+  secretsList->add_option("tool", secretTool, "only this tool");
+  auto* secretsDelete = secrets->add_subcommand("delete", "remove a secret: delete TOOL NAME");
+  secretsDelete->add_option("tool", secretTool, "tool name")->required();
+  secretsDelete->add_option("name", secretName, "secret name")->required();
+  secretsDelete->add_option("--revision", secretRevision,
+                            "the tool revision (default: the active one)");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {
@@ -225,6 +262,42 @@ int main(int argc, char** argv) {
       return callAndPrint(socket, "policy.reset", params, asPretty, timeout);
     }
     return kExitUsage;
+  }
+  if (*secrets) {
+    if (*secretsList) {
+      json::object params;
+      if (!secretTool.empty()) params["tool"] = secretTool;
+      return callAndPrint(socket, "secrets.list", params, asPretty, timeout);
+    }
+    json::object params{{"tool", secretTool}, {"name", secretName}};
+    if (!secretRevision.empty()) params["revision"] = secretRevision;
+    if (*secretsDelete) return callAndPrint(socket, "secrets.delete", params, asPretty, timeout);
+    if (!secretsSet->remaining().empty()) {
+      std::fprintf(stderr,
+                   "toolhostctl: secrets set takes TOOL NAME and options only; the value is never "
+                   "taken from the command line (ps and shell histories would show it): pipe it "
+                   "on stdin, or run it on a terminal and type it at the prompt\n");
+      return kExitUsage;
+    }
+    json::array origins;
+    for (const auto& origin : secretOrigins) origins.emplace_back(origin);
+    params["origins"] = std::move(origins);
+    if (secretCarry) params["carry"] = true;
+    if (secretAllowBody) params["allowBody"] = true;
+    std::string value, error;
+    if (!cli::readSecretValue("Value of " + secretName + " for " + secretTool + ": ", value,
+                              error)) {
+      std::fprintf(stderr, "toolhostctl: %s\n", error.c_str());
+      return kExitUsage;
+    }
+    params["value"] = json::string(value);
+    cli::wipeString(value);
+    const int status = callAndPrint(socket, "secrets.set", params, asPretty, timeout);
+    if (auto* stored = params.if_contains("value"); stored && stored->is_string()) {
+      json::string& text = stored->get_string();
+      if (!text.empty()) explicit_bzero(text.data(), text.size());
+    }
+    return status;
   }
   if (*auditCommand) {
     json::object params{{"limit", auditLimit}};

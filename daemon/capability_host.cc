@@ -1,5 +1,6 @@
 #include "daemon/capability_host.h"
 
+#include "daemon/secrets_host.h"
 #include "registry/manifest.h"
 
 #include <spdlog/spdlog.h>
@@ -174,6 +175,15 @@ asio::awaitable<void> runFetch(FetchJob job) {
   }
 
   RequestRecord record{job.key, job.toolName, decision.scope, job.request.method, "", {}, {}, {}};
+  // Secrets go in now, after authorization, and come out of the response before the tool sees it.
+  auto secrets = substituteSecrets(job.services, job.toolName, job.key.toolRevision, job.request);
+  if (!secrets) {
+    auditRefusal(job.services.audit, job.key.toolRevision, job.toolName, job.key.action,
+                 job.key.target, job.key.access, secrets.error().code);
+    operation.complete(std::move(secrets.error()));
+    co_return;
+  }
+  record.secrets = secrets->names;
   const auto limits = fetchLimits(*job.services.configs.current());
   const auto started = Clock::now();
   auto result = co_await job.services.http.fetch(std::move(job.request), limits);
@@ -181,13 +191,16 @@ asio::awaitable<void> runFetch(FetchJob job) {
   if (!result) {
     record.outcome = std::string(policy::errorCode(result.error().code));
     auditRequest(job.services.audit, record);
-    operation.complete(HostOpFailure{record.outcome, std::move(result.error().message)});
+    std::string message = result.error().message;
+    redactSecrets(*secrets, message);
+    operation.complete(HostOpFailure{record.outcome, std::move(message)});
     co_return;
   }
   record.outcome = "ok";
   record.status = static_cast<int>(result->status);
   record.bytes = result->body.size();
   auditRequest(job.services.audit, record);
+  redactSecrets(*secrets, *result);
   operation.complete(replyOf(*result, job.url));
 }
 
@@ -302,6 +315,12 @@ void DaemonCapabilityHost::startOperation(const registry::ToolRevision& caller,
   try {
     if (kind == "fetch") return startFetch(caller, request, operation);
     if (kind == "popup") return startPopup(caller, request, operation);
+    if (kind == "storage" && services_.storage != nullptr) {
+      return services_.storage->start(caller, request, operation);
+    }
+    if (kind == "secret" && services_.mediation.secrets != nullptr) {
+      return operation->complete(services_.mediation.secrets->placeholder(caller, request));
+    }
   } catch (const std::exception& error) {
     spdlog::error("{} of {} ({}) failed to start: {}", kind, caller.name, caller.revision,
                   error.what());
@@ -382,6 +401,13 @@ void DaemonCapabilityHost::startFetch(const registry::ToolRevision& caller,
     auditRefusal(mediation.audit, caller.revision, caller.name, policy::kActionFetch, origin,
                  access, code);
     return operation->complete(HostOpFailure{code, std::move(checked.error().message)});
+  }
+  // Secret placeholders: refused in the URL, toward ungranted origins, in disallowed bodies.
+  if (auto refused =
+          checkSecrets(mediation, caller.name, caller.revision, url->get_string(), http)) {
+    auditRefusal(mediation.audit, caller.revision, caller.name, policy::kActionFetch, origin,
+                 access, refused->code);
+    return operation->complete(std::move(*refused));
   }
 
   FetchJob job{

@@ -11,6 +11,7 @@
 
 #include "daemon/mediation.h"
 #include "daemon/popups.h"
+#include "daemon/storage_host.h"
 #include "registry/registry.h"
 #include "registry/tasks.h"
 #include "runtime/capability_host.h"
@@ -24,6 +25,7 @@ struct CapabilityServices {
   registry::TaskStore& tasks;
   MediationServices mediation;
   PopupHosts& popups;
+  StorageHost* storage = nullptr;  // ctx.storage (daemon/storage_host.h); null: not-authorized
 };
 
 class DaemonCapabilityHost final : public runtime::CapabilityHost {
@@ -46,7 +48,12 @@ class DaemonCapabilityHost final : public runtime::CapabilityHost {
   // "popup": request {kind: "custom-html", html} or {kind: "origin", url}; answers what the popup
   //   host returned. Authorization (popup, "custom-html" or the url's exact origin, read), then
   //   popup.open to a popup host. The wall clock pauses for the whole popup: a person is asked.
-  // Anything else ("storage", "secret", ...): not-authorized.
+  // "secret": request {name}; answers the placeholder (daemon/secrets_host.h), substituted by the
+  //   fetch path toward the origins the secret is granted to. Without a secrets host (the
+  //   mediation services' `secrets`), not-authorized.
+  // "storage": request {op, key?, value?}; served per tool name by the StorageHost (see
+  //   daemon/storage_host.h for the replies); without one, not-authorized.
+  // Anything else: not-authorized.
   void startOperation(const registry::ToolRevision& caller, const boost::json::object& invocation,
                       const std::string& kind, boost::json::value request,
                       std::shared_ptr<runtime::HostOperation> operation) override;

@@ -116,6 +116,37 @@ std::optional<ConfigError> readRuntime(const toml::table& table, const std::stri
   return std::nullopt;
 }
 
+// [storage]: the quotas of ctx.storage, per tool name.
+std::optional<ConfigError> readStorage(const toml::table& table, const std::string& file,
+                                       registry::StorageQuotas& storage) {
+  const toml::node* section = table.get("storage");
+  if (section == nullptr) return std::nullopt;
+  const toml::table* fields = section->as_table();
+  if (fields == nullptr) {
+    return fail(file, where(*section, "storage") + " must be a table ([storage])");
+  }
+  for (const auto& [key, value] : *fields) {
+    if (key.str() != "max_keys" && key.str() != "max_key_bytes" &&
+        key.str() != "max_value_bytes" && key.str() != "max_total_bytes") {
+      return fail(file, where(value, "storage." + std::string(key.str())) +
+                            " is not a known key; use max_keys, max_key_bytes, max_value_bytes "
+                            "or max_total_bytes");
+    }
+  }
+  for (auto error : {
+           readCount(table, file, "storage", "max_keys", storage.maxKeys, 1, 100000),
+           readCount(table, file, "storage", "max_key_bytes", storage.maxKeyBytes, 1,
+                     static_cast<std::int64_t>(registry::kMaxStorageKeyBytes)),
+           readCount(table, file, "storage", "max_value_bytes", storage.maxValueBytes, 1,
+                     std::int64_t{16} << 20),
+           readCount(table, file, "storage", "max_total_bytes", storage.maxTotalBytes, 1,
+                     std::int64_t{1} << 40),
+       }) {
+    if (error) return error;
+  }
+  return std::nullopt;
+}
+
 // [fetch]: opened private ranges, an extra CA file (relative paths are read from the config
 // file's directory) and the limits of one mediated request.
 std::optional<ConfigError> readFetch(const toml::table& table, const std::string& file,
@@ -175,6 +206,36 @@ std::optional<ConfigError> readFetch(const toml::table& table, const std::string
   }
   fetch.timeout = std::chrono::milliseconds(timeoutMs);
   return std::nullopt;
+}
+
+// [secrets]: the vault's key file (relative paths are read from the config file's directory) and
+// the largest value secrets.set accepts.
+std::optional<ConfigError> readSecrets(const toml::table& table, const std::string& file,
+                                       SecretsConfig& secrets) {
+  const toml::node* section = table.get("secrets");
+  if (section == nullptr) return std::nullopt;
+  const toml::table* fields = section->as_table();
+  if (fields == nullptr) {
+    return fail(file, where(*section, "secrets") + " must be a table ([secrets])");
+  }
+  for (const auto& [key, value] : *fields) {
+    if (key.str() != "key_file" && key.str() != "max_value_bytes") {
+      return fail(file, where(value, "secrets." + std::string(key.str())) +
+                            " is not a known key; use key_file or max_value_bytes");
+    }
+  }
+  if (const toml::node* node = fields->get("key_file")) {
+    auto path = node->value<std::string>();
+    if (!path || path->empty()) {
+      return fail(file,
+                  where(*node, "secrets.key_file") + " must be the path of the secrets key file");
+    }
+    fs::path keyFile = *path;
+    if (keyFile.is_relative()) keyFile = fs::path(file).parent_path() / keyFile;
+    secrets.keyFile = keyFile;
+  }
+  return readCount(table, file, "secrets", "max_value_bytes", secrets.maxValueBytes, 1,
+                   std::int64_t{1} << 20);
 }
 
 std::optional<ConfigError> readAccess(const toml::table& table, const std::string& file,
@@ -321,6 +382,8 @@ Result loadConfig(const CommandLine& commandLine) {
     config.promptTimeout = std::chrono::milliseconds(promptTimeoutMs);
     if (auto error = readRuntime(table, file, config.runtime)) return *error;
     if (auto error = readFetch(table, file, config.fetch)) return *error;
+    if (auto error = readStorage(table, file, config.storage)) return *error;
+    if (auto error = readSecrets(table, file, config.secrets)) return *error;
     if (auto level = table["log"]["level"].value<std::string>()) {
       if (!validLogLevel(*level)) {
         return fail(file, "log.level must be trace, debug, info, warn, error, critical or off");
@@ -446,6 +509,14 @@ ConfigChanges reconcileReload(const Config& running, Config& next) {
           next.fetch.maxResponseBytes);
   compare(applied, "fetch.max_request_bytes", running.fetch.maxRequestBytes,
           next.fetch.maxRequestBytes);
+  compare(applied, "storage.max_keys", running.storage.maxKeys, next.storage.maxKeys);
+  compare(applied, "storage.max_key_bytes", running.storage.maxKeyBytes, next.storage.maxKeyBytes);
+  compare(applied, "storage.max_value_bytes", running.storage.maxValueBytes,
+          next.storage.maxValueBytes);
+  compare(applied, "storage.max_total_bytes", running.storage.maxTotalBytes,
+          next.storage.maxTotalBytes);
+  compare(applied, "secrets.max_value_bytes", running.secrets.maxValueBytes,
+          next.secrets.maxValueBytes);
   if (!sameRules(running.access, next.access)) {
     applied.push_back("access: " + std::to_string(running.access.rules().size()) + " rule(s) -> " +
                       std::to_string(next.access.rules().size()) + " rule(s)");
@@ -469,6 +540,10 @@ ConfigChanges reconcileReload(const Config& running, Config& next) {
     restart.push_back("fetch.extra_ca_file: " + optionalPathText(running.fetch.extraCaFile) +
                       " -> " + optionalPathText(next.fetch.extraCaFile));
   }
+  if (running.secrets.keyFile != next.secrets.keyFile) {
+    restart.push_back("secrets.key_file: " + optionalPathText(running.secrets.keyFile) + " -> " +
+                      optionalPathText(next.secrets.keyFile));
+  }
   if (running.logFormat != next.logFormat) {
     restart.push_back(std::string("log.format: ") + logFormatName(running.logFormat) + " -> " +
                       logFormatName(next.logFormat));
@@ -482,6 +557,7 @@ ConfigChanges reconcileReload(const Config& running, Config& next) {
   next.auditMaxEntries = running.auditMaxEntries;
   next.fetch.allowPrivate = running.fetch.allowPrivate;
   next.fetch.extraCaFile = running.fetch.extraCaFile;
+  next.secrets.keyFile = running.secrets.keyFile;
   return changes;
 }
 

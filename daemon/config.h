@@ -5,6 +5,7 @@
 #include "daemon/roles.h"
 #include "policy/destination.h"
 #include "protocol/jsonrpc.h"
+#include "registry/tool_storage.h"
 #include "runtime/limits.h"
 
 #include <boost/system/result.hpp>
@@ -35,6 +36,16 @@ struct FetchConfig {
   std::size_t maxRequestBytes = std::size_t{8} << 20;
 };
 
+// [secrets]: where the vault's key is (read at start; a change needs a restart) and how large a
+// value secrets.set accepts (applies at once after a reload).
+struct SecretsConfig {
+  // The key file; relative paths are read from the config file's directory. Unset: the systemd
+  // credential $CREDENTIALS_DIRECTORY/toolhost.key when that variable is set, else
+  // <stateDir>/secrets.key (see daemon/secrets_host.h).
+  std::optional<std::filesystem::path> keyFile;
+  std::size_t maxValueBytes = std::size_t{64} << 10;
+};
+
 struct Config {
   std::filesystem::path socketPath;
   std::optional<gid_t> socketGroup;  // socket mode 0660 with this group, else 0600
@@ -54,6 +65,10 @@ struct Config {
   // [runtime]: read at start; a change needs a restart.
   runtime::RuntimeConfig runtime;
   FetchConfig fetch;
+  // [storage]: ctx.storage quotas per tool name (a reload applies them to operations run from
+  // then on).
+  registry::StorageQuotas storage;
+  SecretsConfig secrets;
 };
 
 // Values given on the command line; they win over the file.
@@ -106,8 +121,8 @@ struct ConfigChanges {
 };
 // Compares the configuration in force with a newly loaded one. Settings only a restart can apply
 // (socket, socket group, state directory, map size, I/O threads, log format, [fetch]
-// allow_private and extra_ca_file) are copied from `running` into `next`, so `next` describes
-// what is really in force once it is swapped in.
+// allow_private and extra_ca_file, [secrets] key_file) are copied from `running` into `next`, so
+// `next` describes what is really in force once it is swapped in.
 ConfigChanges reconcileReload(const Config& running, Config& next);
 
 // The longest path a Unix socket address can hold (sun_path minus its terminating NUL).

@@ -11,7 +11,11 @@
 #include "daemon/policy_methods.h"
 #include "daemon/popups.h"
 #include "daemon/sandbox_methods.h"
+#include "daemon/secret_methods.h"
+#include "daemon/secrets_host.h"
 #include "daemon/server.h"
+#include "daemon/storage_host.h"
+#include "daemon/storage_methods.h"
 #include "daemon/systemd.h"
 #include "daemon/task_methods.h"
 #include "daemon/tool_methods.h"
@@ -19,9 +23,11 @@
 #include "policy/audit.h"
 #include "policy/decisions.h"
 #include "policy/http_client.h"
+#include "policy/secrets_vault.h"
 #include "registry/native_tools.h"
 #include "registry/registry.h"
 #include "registry/tasks.h"
+#include "registry/tool_storage.h"
 #include "runtime/process_sandbox_pool.h"
 #include "runtime/sandbox_host.h"
 #include "runtime/v8_platform.h"
@@ -75,13 +81,23 @@ int run(const daemon::Config& config, const daemon::CommandLine& commandLine) {
   storeOptions.mapSizeMb = config.mapSizeMb;
   for (auto& table : registry::Registry::tables()) storeOptions.tables.push_back(table);
   for (auto& table : registry::TaskStore::tables()) storeOptions.tables.push_back(table);
+  for (auto& table : registry::ToolStorage::tables()) storeOptions.tables.push_back(table);
   for (auto& table : policy::DecisionStore::tables()) storeOptions.tables.push_back(table);
+  for (auto& table : policy::SecretsVault::tables()) storeOptions.tables.push_back(table);
   auto opened = store::Store::open(storeOptions);
   if (!opened) {
     spdlog::critical("{}", opened.error().message);
     return 1;
   }
   store::Store& store = **opened;
+
+  // The secrets vault's key, checked before anything else writes: a missing or wrong key stops
+  // the daemon here and changes nothing.
+  auto vault = policy::SecretsVault::open(store, daemon::chooseSecretsKey(config));
+  if (!vault) {
+    spdlog::critical("{}", vault.error().message);
+    return 1;
+  }
 
   registry::Registry registry(store);
   for (auto& native : registry::builtinNativeTools()) {
@@ -92,6 +108,8 @@ int run(const daemon::Config& config, const daemon::CommandLine& commandLine) {
     }
   }
   registry::TaskStore taskStore(store, registry);
+  // ctx.storage: values per tool name, written on the storage host's own thread (below).
+  registry::ToolStorage toolStorage(store);
 
   policy::DecisionStore decisions(store);
   policy::AuditLog audit(store, config.auditMaxEntries);
@@ -121,15 +139,18 @@ int run(const daemon::Config& config, const daemon::CommandLine& commandLine) {
     return 1;
   }
   daemon::PopupHosts popups;
-  daemon::MediationServices mediation{decisions, approvals, audit, *http, configs};
+  daemon::SecretsHost secrets(**vault, audit);
+  daemon::MediationServices mediation{decisions, approvals, audit, *http, configs, &secrets};
 
   asio::io_context io(static_cast<int>(config.ioThreads));
 
   // Sandboxed JavaScript: V8 workers, retained sandboxes, the watchdog. The pool is destroyed
   // first (its calls end and abort their operations), then the capability host, then the
   // io_context its operations and callers run on.
+  daemon::StorageHost storageHost(toolStorage, configs);
   daemon::DaemonCapabilityHost capabilityHost(
-      daemon::CapabilityServices{registry, taskStore, mediation, popups}, io.get_executor());
+      daemon::CapabilityServices{registry, taskStore, mediation, popups, &storageHost},
+      io.get_executor());
   // Sandboxed JavaScript runs in [runtime] processes sandbox host processes: this executable
   // again, with --sandbox-host (see main()), supervised and restarted by the pool.
   runtime::ProcessSandboxPool sandboxes(config.runtime, capabilityHost,
@@ -143,12 +164,15 @@ int run(const daemon::Config& config, const daemon::CommandLine& commandLine) {
 
   daemon::MethodTable methods;
   daemon::registerMetaMethods(methods, facts);
-  daemon::registerToolMethods(methods, daemon::ToolServices{registry, &sandboxes, &externalTools});
+  daemon::registerToolMethods(methods,
+                              daemon::ToolServices{registry, &sandboxes, &externalTools, &secrets});
   daemon::registerPopupMethods(methods, popups);
   daemon::registerSandboxMethods(methods, sandboxes);
   daemon::registerTaskMethods(methods, taskStore);
+  daemon::registerStorageMethods(methods, toolStorage);
   daemon::registerPolicyMethods(
       methods, daemon::PolicyServices{registry, decisions, approvals, audit, configs});
+  daemon::registerSecretMethods(methods, daemon::SecretServices{registry, **vault, audit, configs});
   daemon::Dispatcher dispatcher(methods);
 
   daemon::Server server(io, configs, dispatcher);

@@ -1,8 +1,13 @@
 #include "daemon/mediation.h"
 
+#include "daemon/secrets_host.h"
+
+#include <openssl/crypto.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <array>
+#include <map>
 
 namespace toolhost::daemon {
 
@@ -120,6 +125,11 @@ void auditRequest(policy::AuditLog& audit, const RequestRecord& record) {
   entry.verdict = "allow";
   if (record.scope) entry.scope = std::string(policy::scopeName(*record.scope));
   entry.reason = record.method.empty() ? record.outcome : record.method + ": " + record.outcome;
+  if (!record.secrets.empty()) {
+    std::string names;
+    for (const auto& name : record.secrets) names += (names.empty() ? "" : ", ") + name;
+    entry.reason += " (secrets: " + names + ")";
+  }
   entry.status = record.status;
   entry.bytes = record.bytes;
   entry.durationMs = record.duration.count();
@@ -139,6 +149,148 @@ void auditRefusal(policy::AuditLog& audit, const std::string& toolRevision,
   entry.verdict = "deny";
   entry.reason = "refused before authorization: " + std::string(code);
   append(audit, std::move(entry));
+}
+
+// ---------------------------------------------------------------------------------------------
+// secrets in a fetch
+
+namespace {
+
+// What a header value may carry (RFC 9110 field-vchar, SP, HTAB, obs-text): no CR, LF or other
+// control characters, so a secret can never split a header.
+bool fitsHeaderValue(std::string_view value) {
+  return std::all_of(value.begin(), value.end(), [](char c) {
+    const auto u = static_cast<unsigned char>(c);
+    return u == '\t' || (u >= 0x20 && u != 0x7f);
+  });
+}
+
+void wipe(std::string& text) {
+  if (!text.empty()) OPENSSL_cleanse(text.data(), text.size());
+  text.clear();
+}
+
+// One pass over the request's header values and body: every placeholder judged by the secrets
+// host; with `rewrite` (which may be &request), revealed and replaced there.
+boost::system::result<SubstitutedSecrets, runtime::HostOpFailure> walkSecrets(
+    SecretsHost& host, const std::string& toolName, const std::string& revision,
+    const policy::HttpRequest& request, policy::HttpRequest* rewrite) {
+  const bool reveal = rewrite != nullptr;
+  SubstitutedSecrets out;
+  const std::string& origin = request.destination.origin;
+  // Per placeholder and placement: the index of its value in out.values (or 0 unrevealed).
+  std::map<std::pair<std::string, Placement>, std::size_t> judged;
+  // Judges the placeholders in `text`; with reveal, writes it with values into `*target`.
+  auto walk = [&](std::string_view text, std::string* target,
+                  Placement placement) -> std::optional<runtime::HostOpFailure> {
+    auto found = findPlaceholders(text);
+    if (found.empty()) return std::nullopt;
+    std::string replaced;
+    std::size_t copied = 0;
+    for (const auto& at : found) {
+      auto key = std::make_pair(std::string(at.token), placement);
+      auto known = judged.find(key);
+      if (known == judged.end()) {
+        auto use = host.use(at.token, toolName, revision, origin, placement, reveal);
+        if (!use) {
+          wipe(replaced);
+          return std::move(use.error());
+        }
+        if (placement == Placement::header && reveal && !fitsHeaderValue(use->value.view())) {
+          wipe(replaced);
+          return runtime::HostOpFailure{
+              "secret-not-allowed",
+              "the secret " + use->name +
+                  " holds a line break or another control character, which a header value "
+                  "cannot carry; nothing was sent"};
+        }
+        out.names.push_back(use->name);
+        known = judged.emplace(std::move(key), out.values.size()).first;
+        out.values.push_back(std::move(use->value));
+      }
+      if (target != nullptr) {
+        replaced.append(text.substr(copied, at.offset - copied));
+        replaced.append(out.values[known->second].view());
+        copied = at.offset + at.token.size();
+      }
+    }
+    if (target != nullptr) {
+      replaced.append(text.substr(copied));
+      *target = std::move(replaced);  // `text` (the placeholders) is not used after this
+    }
+    return std::nullopt;
+  };
+  // A refusal after some values went in: wipe them, the request is dropped.
+  auto refuse = [&](runtime::HostOpFailure failure) {
+    if (reveal) {
+      for (auto& header : rewrite->headers) wipe(header.second);
+      wipe(rewrite->body);
+    }
+    return failure;
+  };
+  for (std::size_t i = 0; i < request.headers.size(); ++i) {
+    std::string* target = reveal ? &rewrite->headers[i].second : nullptr;
+    if (auto failed = walk(request.headers[i].second, target, Placement::header)) {
+      return refuse(std::move(*failed));
+    }
+  }
+  if (auto failed = walk(request.body, reveal ? &rewrite->body : nullptr, Placement::body)) {
+    return refuse(std::move(*failed));
+  }
+  std::sort(out.names.begin(), out.names.end());
+  out.names.erase(std::unique(out.names.begin(), out.names.end()), out.names.end());
+  if (!reveal) out.values.clear();
+  return out;
+}
+
+void redactIn(std::string& text, std::string_view value) {
+  if (value.empty()) return;
+  for (std::size_t at = text.find(value); at != std::string::npos;
+       at = text.find(value, at + kRedacted.size())) {
+    text.replace(at, value.size(), kRedacted);
+  }
+}
+
+}  // namespace
+
+std::optional<runtime::HostOpFailure> checkSecrets(MediationServices& services,
+                                                   const std::string& toolName,
+                                                   const std::string& revision,
+                                                   std::string_view url,
+                                                   const policy::HttpRequest& request) {
+  if (mentionsPlaceholder(url) || mentionsPlaceholder(request.destination.pathAndQuery)) {
+    return runtime::HostOpFailure{
+        "secret-not-allowed",
+        "secrets may not be placed in URLs (they end up in logs and histories); send them in a "
+        "header. Nothing was sent."};
+  }
+  if (services.secrets == nullptr) return std::nullopt;
+  auto judged = walkSecrets(*services.secrets, toolName, revision, request, nullptr);
+  if (!judged) return std::move(judged.error());
+  return std::nullopt;
+}
+
+boost::system::result<SubstitutedSecrets, runtime::HostOpFailure> substituteSecrets(
+    MediationServices& services, const std::string& toolName, const std::string& revision,
+    policy::HttpRequest& request) {
+  if (services.secrets == nullptr) return SubstitutedSecrets{};
+  return walkSecrets(*services.secrets, toolName, revision, request, &request);
+}
+
+void redactSecrets(const SubstitutedSecrets& secrets, std::string& text) {
+  // Longer values first, so a value that contains another is redacted whole.
+  std::vector<std::string_view> values;
+  for (const auto& value : secrets.values) values.push_back(value.view());
+  std::sort(values.begin(), values.end(),
+            [](std::string_view a, std::string_view b) { return a.size() > b.size(); });
+  for (auto value : values) redactIn(text, value);
+}
+
+void redactSecrets(const SubstitutedSecrets& secrets, policy::HttpResponse& response) {
+  if (secrets.values.empty()) return;
+  redactSecrets(secrets, response.statusText);
+  for (auto& header : response.headers) redactSecrets(secrets, header.second);
+  redactSecrets(secrets, response.body);
 }
 
 }  // namespace toolhost::daemon

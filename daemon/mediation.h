@@ -11,14 +11,19 @@
 #include "policy/decisions.h"
 #include "policy/destination.h"
 #include "policy/http_client.h"
+#include "policy/secrets_vault.h"
+#include "runtime/capability_host.h"
 
 #include <chrono>
 #include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace toolhost::daemon {
+
+class SecretsHost;  // daemon/secrets_host.h
 
 // The services a mediated request needs. All must outlive the io_context the requests run on
 // (main.cc declares them before it).
@@ -28,6 +33,7 @@ struct MediationServices {
   policy::AuditLog& audit;
   policy::HttpClient& http;     // built once at start from [fetch] allow_private, extra_ca_file
   const ConfigHolder& configs;  // [fetch] limits and [policy] prompt_timeout_ms, read per request
+  SecretsHost* secrets = nullptr;  // null: no placeholders are issued, so none is substituted
 };
 
 // The limits of one request under the configuration in force.
@@ -59,6 +65,7 @@ struct RequestRecord {
   std::optional<int> status;
   std::optional<std::uint64_t> bytes;
   std::chrono::milliseconds duration{0};
+  std::vector<std::string> secrets{};  // names of the secrets substituted into it (never values)
 };
 void auditRequest(policy::AuditLog& audit, const RequestRecord& record);
 
@@ -67,5 +74,41 @@ void auditRequest(policy::AuditLog& audit, const RequestRecord& record);
 void auditRefusal(policy::AuditLog& audit, const std::string& toolRevision,
                   const std::string& toolName, std::string_view action, std::string target,
                   std::optional<policy::AccessClass> access, std::string_view code);
+
+}  // namespace toolhost::daemon
+
+namespace toolhost::daemon {
+
+// Secrets in a sandboxed tool's fetch (placeholders from ctx.secret, daemon/secrets_host.h).
+// Placeholders in the URL are refused; in a header value or the body, each must belong to the
+// calling revision and its secret must be granted to the destination origin (and, in the body,
+// allow bodies), or the request is refused with secret-not-allowed and nothing is sent. A header
+// or body without a placeholder is left as it is.
+
+// Before authorization (no prompt for a request that could never be sent): the checks above,
+// against the secrets as stored now. No value is read.
+std::optional<runtime::HostOpFailure> checkSecrets(MediationServices& services,
+                                                   const std::string& toolName,
+                                                   const std::string& revision,
+                                                   std::string_view url,
+                                                   const policy::HttpRequest& request);
+
+// After authorization, right before the request is sent: the same checks again (the grant may
+// have changed while a person was asked), then every placeholder replaced by its value.
+struct SubstitutedSecrets {
+  std::vector<std::string> names;           // sorted, unique: for the audit
+  std::vector<policy::SecretValue> values;  // for redaction; wiped when this goes
+};
+boost::system::result<SubstitutedSecrets, runtime::HostOpFailure> substituteSecrets(
+    MediationServices& services, const std::string& toolName, const std::string& revision,
+    policy::HttpRequest& request);
+
+// Replaces every exact occurrence of a substituted value in the response (status text, header
+// values, body), or in a failure message, with "[redacted]" before the tool sees it. A server
+// that transforms a value before echoing it (encodes, hashes, splits it) defeats this: grant
+// secrets only to origins trusted with them.
+inline constexpr std::string_view kRedacted = "[redacted]";
+void redactSecrets(const SubstitutedSecrets& secrets, policy::HttpResponse& response);
+void redactSecrets(const SubstitutedSecrets& secrets, std::string& text);
 
 }  // namespace toolhost::daemon

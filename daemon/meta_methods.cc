@@ -38,8 +38,6 @@ std::int64_t uptimeMs(const DaemonFacts& facts) {
       .count();
 }
 
-json::value schema(std::string_view text) { return json::parse(text); }
-
 }  // namespace
 
 void registerMetaMethods(MethodTable& methods, const DaemonFacts& facts) {

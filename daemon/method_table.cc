@@ -2,12 +2,24 @@
 
 #include "daemon/errors.h"
 
+#include <boost/json/parse.hpp>
 #include <boost/json/value_from.hpp>
 
 #include <stdexcept>
 
 namespace toolhost::daemon {
 namespace json = boost::json;
+
+json::value schema(std::string_view text) { return json::parse(text); }
+
+json::value paramsWith(json::object properties, std::initializer_list<std::string_view> required) {
+  json::array requiredList;
+  for (auto name : required) requiredList.emplace_back(name);
+  return json::object{{"type", "object"},
+                      {"additionalProperties", false},
+                      {"properties", std::move(properties)},
+                      {"required", std::move(requiredList)}};
+}
 
 void MethodTable::add(MethodSpec spec) {
   if (spec.params.is_null()) {

@@ -13,9 +13,11 @@
 
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 
 namespace toolhost::daemon {
 
@@ -33,6 +35,14 @@ struct CallContext {
 using MethodResult = boost::system::result<boost::json::value, protocol::RpcError>;
 using MethodHandler =
     std::function<boost::asio::awaitable<MethodResult>(CallContext&, boost::json::object params)>;
+
+// Schemas for MethodSpec. `schema` parses a literal (a bad one throws: a bug). `paramsWith` is the
+// params object: these properties, no others, `required` among them. No `pattern` in any of them:
+// valijson evaluates it with std::regex, which overflows the stack on long input; names and
+// revisions are checked in code.
+boost::json::value schema(std::string_view text);
+boost::json::value paramsWith(boost::json::object properties,
+                              std::initializer_list<std::string_view> required);
 
 struct MethodSpec {
   std::string name;

@@ -12,17 +12,6 @@ using registry::RegistryErrc;
 
 namespace {
 
-json::value schema(std::string_view text) { return json::parse(text); }
-
-json::value paramsWith(json::object properties, std::initializer_list<std::string_view> required) {
-  json::array requiredList;
-  for (auto name : required) requiredList.emplace_back(name);
-  return json::object{{"type", "object"},
-                      {"additionalProperties", false},
-                      {"properties", std::move(properties)},
-                      {"required", std::move(requiredList)}};
-}
-
 // No `pattern`: valijson evaluates it with std::regex, which overflows the stack on long input.
 // The TaskStore checks the exact form of every id.
 const json::value kTaskId = schema(

@@ -2,6 +2,7 @@
 
 #include "daemon/external_tools.h"
 #include "daemon/registry_errors.h"
+#include "daemon/secrets_host.h"
 #include "runtime/tool_runner.h"
 
 #include <boost/json/parse.hpp>
@@ -17,17 +18,6 @@ namespace json = boost::json;
 using registry::RegistryErrc;
 
 namespace {
-
-json::value schema(std::string_view text) { return json::parse(text); }
-
-json::value paramsWith(json::object properties, std::initializer_list<std::string_view> required) {
-  json::array requiredList;
-  for (auto name : required) requiredList.emplace_back(name);
-  return json::object{{"type", "object"},
-                      {"additionalProperties", false},
-                      {"properties", std::move(properties)},
-                      {"required", std::move(requiredList)}};
-}
 
 const json::value kName = schema(R"({"type":"string","minLength":1,"maxLength":64,"description":"a tool name"})");
 const json::value kRevision =
@@ -136,12 +126,14 @@ void registerToolMethods(MethodTable& methods, ToolServices services) {
   methods.add(MethodSpec{
       "tools.activate",
       "Binds a name to one of its revisions. Moving an existing binding needs replace: true; the "
-      "answer lists what changed in requested capabilities and limits.",
+      "answer lists what changed in requested capabilities and limits, and how the secrets the "
+      "revision requests resolve: secrets: {own, carried, missing}.",
       RoleSet{Role::admin},
       paramsWith(json::object{{"name", kName}, {"revision", kRevision}, {"replace", schema(R"({"type":"boolean"})")}},
                  {"name", "revision"}),
       schema(R"({"type":"object","required":["name","revision","changed"]})"),
-      [&registry](CallContext&, json::object params) -> asio::awaitable<MethodResult> {
+      [&registry, secrets = services.secrets](
+          CallContext&, json::object params) -> asio::awaitable<MethodResult> {
         const auto* replace = params.if_contains("replace");
         auto outcome = registry.activate(std::string(params.at("name").as_string()),
                                          std::string(params.at("revision").as_string()),
@@ -152,6 +144,12 @@ void registerToolMethods(MethodTable& methods, ToolServices services) {
                             {"changed", outcome->changed},
                             {"previous", outcome->previous ? json::value(*outcome->previous) : json::value(nullptr)},
                             {"changes", outcome->changes}};
+        // The binding moved: which secrets the new revision requests resolve, and how.
+        if (outcome->changed && secrets != nullptr) {
+          if (auto tool = registry.getRevision(outcome->revision, outcome->name)) {
+            answer["secrets"] = secrets->describeRequested(**tool);
+          }
+        }
         co_return json::value(std::move(answer));
       }});
 

@@ -12,11 +12,13 @@ class ToolRunner;
 namespace toolhost::daemon {
 
 class ExternalTools;
+class SecretsHost;
 
 struct ToolServices {
   registry::Registry& registry;
   runtime::ToolRunner* sandboxes = nullptr;  // null until the runtime is wired
   ExternalTools* external = nullptr;          // null: external-service tools are unavailable
+  SecretsHost* secrets = nullptr;  // null: tools.activate does not report requested secrets
 };
 
 void registerToolMethods(MethodTable& methods, ToolServices services);

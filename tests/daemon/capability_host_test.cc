@@ -521,7 +521,7 @@ TEST_CASE("fetch: the call's end aborts the request", "[daemon][fetch]") {
   CHECK(failureOf(late->wait()).code == "cancelled");
 }
 
-TEST_CASE("storage and secrets are still refused", "[daemon][fetch]") {
+TEST_CASE("without a storage or secrets host, storage and secrets are refused", "[daemon][fetch]") {
   Daemon d;
   auto tool = d.installFetcher();
   CHECK(failureOf(d.start(*tool, "storage", json::object{})->wait()).code == "not-authorized");

@@ -1,0 +1,519 @@
+// Secrets through the real daemon, against two local HTTPS test servers (one CA, two ports: two
+// origins). A tool gets a placeholder from ctx.secret(); the daemon puts the value into request
+// headers (and bodies, when allowed) toward granted origins only, and takes it back out of what
+// the server echoes. The tool cannot get the value out: not by returning, throwing or logging the
+// placeholder, not by sending it to an ungranted origin, in a URL or a disallowed body, not with
+// another revision's placeholder. The value never reaches the daemon's log, the audit,
+// secrets.list or the LMDB file. Carry across revisions, the activate answer, a wrong or missing
+// key at start (the data file unchanged), systemd credentials, and toolhostctl secrets.
+#include "tests/e2e/mediation_support.h"
+
+#include <boost/json/parse.hpp>
+#include <catch2/catch.hpp>
+
+#include <cctype>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <memory>
+#include <optional>
+#include <string>
+
+using namespace toolhost::testing;
+using namespace toolhost::testing::e2e;
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr std::string_view kValue = "sk-live-7Hq2VwZ9-VALUE-of-the-api-key";
+
+// Gets the secret args.secret (default api_key) and, by args.mode: returns it, throws it, logs it,
+// or fetches args.url ("{key}" replaced by the placeholder) with "Authorization: Bearer <it>"
+// (unless args.header is false) and args.body ("{key}" replaced). Describes the Response (its
+// text, its headers) or the Error.
+constexpr std::string_view kUser = R"js(
+export default async (args, ctx) => {
+  let key;
+  try {
+    key = args.placeholder ?? await ctx.secret(args.secret ?? 'api_key');
+    if (args.mode === 'return') return { placeholder: key };
+    if (args.mode === 'throw') throw new Error('the key is ' + key);
+    if (args.mode === 'log') { console.log('the key is', key); return { logged: true }; }
+    const init = { method: args.method ?? 'GET', headers: {} };
+    if (args.header !== false) init.headers['Authorization'] = 'Bearer ' + key;
+    if (args.body !== undefined) init.body = args.body.replaceAll('{key}', key);
+    const r = await fetch(args.url.replaceAll('{key}', key), init);
+    return { status: r.status, text: await r.text(), headers: [...r.headers], placeholder: key };
+  } catch (e) {
+    if (args.mode === 'throw') throw e;
+    return { code: e.code ?? null, message: String(e.message), placeholder: key ?? null };
+  }
+}
+)js";
+
+json::object fetchEntry(const std::string& origin) {
+  return json::object{{"origin", origin}, {"access", json::array{"read", "write"}}};
+}
+
+// Two origins, both decided ahead: a refusal can only come from the secret's grant.
+struct Setup {
+  Setup() : granted(options()), other(options()) {
+    DaemonOptions daemonOptions;
+    daemonOptions.configToml = fetchConfig(granted);
+    daemon = DaemonProcess::start(daemonOptions);
+    admin.emplace(daemon->socket());
+  }
+  HttpsTestServerOptions options() {
+    HttpsTestServerOptions out;
+    out.ca = ca;
+    return out;
+  }
+  json::object capabilities(json::array secrets = json::array{"api_key"}) const {
+    return json::object{
+        {"fetch", json::array{fetchEntry(granted.origin()), fetchEntry(other.origin())}},
+        {"secrets", std::move(secrets)}};
+  }
+  // Installs and activates a tool running kUser; decides both origins ahead for it.
+  std::string deployUser(std::string_view name, std::string_view description = "",
+                         std::optional<json::array> secrets = std::nullopt) {
+    auto manifest = jsTool(name, kUser, capabilities(secrets.value_or(json::array{"api_key"})));
+    if (!description.empty()) manifest["description"] = description;
+    auto revision = deploy(*admin, manifest);
+    for (const auto& origin : {granted.origin(), other.origin()}) {
+      for (const char* access : {"read", "write"}) {
+        decideAhead(*admin, revision, "fetch", origin, access);
+      }
+    }
+    return revision;
+  }
+  json::object setSecret(json::object params) {
+    if (!params.contains("value")) params["value"] = kValue;
+    if (!params.contains("name")) params["name"] = "api_key";
+    if (!params.contains("origins")) params["origins"] = json::array{granted.origin()};
+    return resultOf(admin->call("secrets.set", std::move(params)));
+  }
+  json::object run(std::string_view tool, json::object arguments) {
+    auto response =
+        admin->call("tools.call", json::object{{"name", tool}, {"arguments", arguments}});
+    INFO(daemon->log());
+    CHECK(json::serialize(response).find(kValue) == std::string::npos);
+    auto result = toolResult(response);
+    REQUIRE(result.is_object());
+    return result.as_object();
+  }
+  std::string auditText() {
+    return json::serialize(
+        resultOf(admin->call("audit.tail", json::object{{"limit", 10000}})).at("entries"));
+  }
+
+  std::shared_ptr<const TestCa> ca = std::make_shared<const TestCa>();
+  HttpsTestServer granted;
+  HttpsTestServer other;
+  std::unique_ptr<DaemonProcess> daemon;
+  std::optional<Peer> admin;
+};
+
+std::string codeOf(const json::object& outcome) {
+  INFO(json::serialize(outcome));
+  REQUIRE(outcome.contains("code"));
+  REQUIRE(outcome.at("code").is_string());
+  return text(outcome.at("code"));
+}
+
+// The /echo route's answer as the tool saw it: {method, target, headers, body}.
+json::object echoOf(const json::object& outcome) {
+  INFO(json::serialize(outcome));
+  REQUIRE(outcome.contains("status"));
+  CHECK(outcome.at("status") == 200);
+  return json::parse(text(outcome.at("text"))).as_object();
+}
+
+std::string headerOf(const json::object& echo, std::string_view name) {
+  for (const auto& header : echo.at("headers").as_array()) {
+    std::string got(header.as_array()[0].as_string());
+    for (auto& c : got) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    if (got == name) return std::string(header.as_array()[1].as_string());
+  }
+  return "";
+}
+
+std::string readFile(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+void checkNoValueAnywhere(Setup& s) {
+  CHECK(s.daemon->log().find(kValue) == std::string::npos);
+  CHECK(s.auditText().find(kValue) == std::string::npos);
+  CHECK(json::serialize(resultOf(s.admin->call("secrets.list"))).find(kValue) == std::string::npos);
+  CHECK(readFile(s.daemon->stateDir() / "db" / "data.mdb").find(kValue) == std::string::npos);
+}
+
+}  // namespace
+
+TEST_CASE("secrets: the value goes only to a granted origin, its echo comes back redacted",
+          "[e2e][secrets]") {
+  Setup s;
+  s.deployUser("user");
+  auto stored = s.setSecret(json::object{{"tool", "user"}});
+  CHECK(stored.at("requested") == true);
+  CHECK(stored.at("origins") == json::array{json::value(s.granted.origin())});
+  CHECK_FALSE(stored.contains("value"));
+
+  // Granted: the server received "Bearer <value>" (its echo is redacted exactly where the value
+  // was; had it received the placeholder, the placeholder would come back).
+  auto sent = s.run("user", json::object{{"url", s.granted.url("/echo")}});
+  auto echo = echoOf(sent);
+  CHECK(headerOf(echo, "authorization") == "Bearer [redacted]");
+  CHECK(text(sent.at("text")).find("toolhost-secret:") == std::string::npos);
+  CHECK(s.granted.requestCount("/echo") == 1);
+
+  // The same placeholder toward another origin: refused, nothing sent there.
+  auto refused = s.run("user", json::object{{"url", s.other.url("/echo")}});
+  CHECK(codeOf(refused) == "secret-not-allowed");
+  CHECK_THAT(text(refused.at("message")), Catch::Contains("api_key"));
+  CHECK_THAT(text(refused.at("message")), Catch::Contains(s.other.origin()));
+  CHECK(s.other.totalRequests() == 0);
+
+  // In the URL: refused, even toward the granted origin.
+  auto inUrl =
+      s.run("user", json::object{{"url", s.granted.url("/echo?key={key}")}, {"header", false}});
+  CHECK(codeOf(inUrl) == "secret-not-allowed");
+  CHECK_THAT(text(inUrl.at("message")), Catch::Contains("secrets may not be placed in URLs"));
+  auto inPath =
+      s.run("user", json::object{{"url", s.granted.url("/echo/{key}")}, {"header", false}});
+  CHECK(codeOf(inPath) == "secret-not-allowed");
+
+  // In the body without allowBody: refused.
+  auto inBody = s.run("user", json::object{{"url", s.granted.url("/echo")},
+                                           {"method", "POST"},
+                                           {"header", false},
+                                           {"body", "token={key}"}});
+  CHECK(codeOf(inBody) == "secret-not-allowed");
+  CHECK_THAT(text(inBody.at("message")), Catch::Contains("--allow-body"));
+  CHECK(s.granted.requestCount("/echo") == 1);
+
+  // With allowBody: substituted in the body (and the echo redacted again).
+  s.setSecret(json::object{{"tool", "user"}, {"allowBody", true}});
+  auto bodySent = s.run("user", json::object{{"url", s.granted.url("/echo")},
+                                             {"method", "POST"},
+                                             {"body", "token={key}&again={key}"}});
+  auto bodyEcho = echoOf(bodySent);
+  CHECK(bodyEcho.at("body") == "token=[redacted]&again=[redacted]");
+  CHECK(headerOf(bodyEcho, "authorization") == "Bearer [redacted]");
+  CHECK(s.granted.requestCount("/echo") == 2);
+  // A request without placeholders is sent untouched.
+  auto plain = echoOf(s.run("user", json::object{{"url", s.granted.url("/echo")},
+                                                 {"header", false},
+                                                 {"method", "POST"},
+                                                 {"body", "nothing secret"}}));
+  CHECK(plain.at("body") == "nothing secret");
+  CHECK(headerOf(plain, "authorization").empty());
+
+  // The audit names the secret of each request that carried it, never the value.
+  auto entries =
+      resultOf(s.admin->call("audit.tail", json::object{{"limit", 100}})).at("entries").as_array();
+  std::size_t withSecret = 0;
+  for (const auto& entry : entries) {
+    if (entry.at("kind") == "request" &&
+        text(entry.at("reason")).find("(secrets: api_key)") != std::string::npos) {
+      ++withSecret;
+    }
+  }
+  CHECK(withSecret == 2);
+  CHECK_THAT(s.auditText(), Catch::Contains("secret-not-allowed"));
+  checkNoValueAnywhere(s);
+}
+
+TEST_CASE("secrets: returning, throwing or logging the placeholder gives only the placeholder",
+          "[e2e][secrets]") {
+  Setup s;
+  s.deployUser("user");
+  s.setSecret(json::object{{"tool", "user"}});
+
+  auto returned = s.run("user", json::object{{"mode", "return"}});
+  const std::string placeholder = text(returned.at("placeholder"));
+  CHECK(placeholder.starts_with("toolhost-secret:"));
+  CHECK(placeholder.size() == 48);
+  // The same revision keeps its placeholder within the daemon's run.
+  CHECK(s.run("user", json::object{{"mode", "return"}}).at("placeholder") ==
+        json::value(placeholder));
+
+  auto thrown = s.admin->call(
+      "tools.call", json::object{{"name", "user"}, {"arguments", json::object{{"mode", "throw"}}}});
+  CHECK(errorCode(thrown) == -32008);
+  CHECK_THAT(json::serialize(thrown), Catch::Contains(placeholder));
+  CHECK(json::serialize(thrown).find(kValue) == std::string::npos);
+
+  auto logged = s.admin->call(
+      "tools.call", json::object{{"name", "user"}, {"arguments", json::object{{"mode", "log"}}}});
+  auto answer = resultOf(logged);
+  CHECK_THAT(json::serialize(answer.at("logs")), Catch::Contains(placeholder));
+  CHECK(json::serialize(logged).find(kValue) == std::string::npos);
+  checkNoValueAnywhere(s);
+}
+
+TEST_CASE("secrets: only what the manifest requests, another revision's placeholder is refused",
+          "[e2e][secrets]") {
+  Setup s;
+  s.deployUser("user");
+  s.setSecret(json::object{{"tool", "user"}});
+  // A tool that does not request the secret: not-authorized, whether or not one exists.
+  s.deployUser("bystander", "", json::array{});
+  s.setSecret(json::object{{"tool", "bystander"}});
+  for (const char* name : {"api_key", "no_such_secret"}) {
+    auto refused = s.run("bystander", json::object{{"mode", "return"}, {"secret", name}});
+    CHECK(codeOf(refused) == "not-authorized");
+    CHECK_THAT(text(refused.at("message")), Catch::Contains("capabilities.secrets"));
+  }
+  // A tool that requests it but has none set: secret-not-found, with the command to run.
+  s.deployUser("unset");
+  auto missing = s.run("unset", json::object{{"mode", "return"}});
+  CHECK(codeOf(missing) == "secret-not-found");
+  CHECK_THAT(text(missing.at("message")),
+             Catch::Contains("toolhostctl secrets set unset api_key --origin"));
+
+  // user's placeholder, sent by another tool (with a secret of its own for the same origin):
+  // refused, nothing sent.
+  const std::string foreign =
+      text(s.run("user", json::object{{"mode", "return"}}).at("placeholder"));
+  s.deployUser("thief");
+  s.setSecret(json::object{{"tool", "thief"}, {"value", "the thief's own value"}});
+  auto stolen =
+      s.run("thief", json::object{{"url", s.granted.url("/echo")}, {"placeholder", foreign}});
+  CHECK(codeOf(stolen) == "secret-not-allowed");
+  CHECK_THAT(text(stolen.at("message")), Catch::Contains("another tool revision"));
+  // A made-up placeholder: refused too.
+  auto forged =
+      s.run("thief", json::object{{"url", s.granted.url("/echo")},
+                                  {"placeholder", "toolhost-secret:" + std::string(32, 'A')}});
+  CHECK(codeOf(forged) == "secret-not-allowed");
+  CHECK(s.granted.totalRequests() == 0);
+  checkNoValueAnywhere(s);
+}
+
+TEST_CASE("secrets: carry follows later revisions that request it, the activate answer says so",
+          "[e2e][secrets]") {
+  Setup s;
+  const std::string v1 = s.deployUser("carried");
+  auto stored = s.setSecret(json::object{{"tool", "carried"}, {"carry", true}});
+  CHECK(stored.at("revision") == json::value(v1));
+  CHECK(stored.at("carry") == true);
+  s.deployUser("stays");
+  s.setSecret(json::object{{"tool", "stays"}});
+
+  // New revisions: one still requests the secret, one does not.
+  auto activate = [&](std::string_view name, std::string_view description, json::array secrets) {
+    auto manifest = jsTool(name, kUser, s.capabilities(std::move(secrets)));
+    manifest["description"] = description;
+    auto installed = resultOf(s.admin->call("tools.install", json::object{{"manifest", manifest}}));
+    std::string revision = text(installed.at("revision"));
+    auto answer = resultOf(s.admin->call(
+        "tools.activate", json::object{{"name", name}, {"revision", revision}, {"replace", true}}));
+    for (const auto& origin : {s.granted.origin(), s.other.origin()}) {
+      decideAhead(*s.admin, revision, "fetch", origin, "read");
+    }
+    return answer;
+  };
+  auto moved = activate("carried", "revision two", json::array{"api_key"});
+  REQUIRE(moved.contains("secrets"));
+  CHECK(moved.at("secrets").at("carried") == json::array{"api_key"});
+  CHECK(moved.at("secrets").at("missing") == json::array{});
+  auto echo = echoOf(s.run("carried", json::object{{"url", s.granted.url("/echo")}}));
+  CHECK(headerOf(echo, "authorization") == "Bearer [redacted]");
+
+  auto notCarried = activate("stays", "revision two", json::array{"api_key"});
+  CHECK(notCarried.at("secrets").at("carried") == json::array{});
+  CHECK(notCarried.at("secrets").at("missing") == json::array{"api_key"});
+  CHECK(codeOf(s.run("stays", json::object{{"url", s.granted.url("/echo")}})) ==
+        "secret-not-found");
+
+  auto dropped = activate("carried", "revision three", json::array{});
+  CHECK(dropped.at("secrets").at("carried") == json::array{});
+  CHECK(dropped.at("secrets").at("missing") == json::array{});
+  CHECK(codeOf(s.run("carried", json::object{{"url", s.granted.url("/echo")}})) ==
+        "not-authorized");
+
+  // secrets.list shows scopes and origins; deleting the carried secret ends its use.
+  auto listed = resultOf(s.admin->call("secrets.list", json::object{{"tool", "carried"}}))
+                    .at("secrets")
+                    .as_array();
+  REQUIRE(listed.size() == 1);
+  CHECK(listed[0].at("revision") == json::value(v1));
+  CHECK(listed[0].at("active") == false);
+  CHECK(listed[0].at("carry") == true);
+  CHECK_FALSE(listed[0].as_object().contains("value"));
+  auto deleted = resultOf(s.admin->call(
+      "secrets.delete", json::object{{"tool", "carried"}, {"revision", v1}, {"name", "api_key"}}));
+  CHECK(deleted.at("deleted") == true);
+  CHECK(resultOf(s.admin->call("secrets.list", json::object{{"tool", "carried"}}))
+            .at("secrets")
+            .as_array()
+            .empty());
+  checkNoValueAnywhere(s);
+}
+
+TEST_CASE("secrets: a refused secrets.set never repeats or logs its value", "[e2e][secrets]") {
+  Setup s;
+  s.deployUser("user");
+  const std::string value(kValue);
+  for (const auto& params : {
+           json::object{{"tool", "user"},
+                        {"name", "api_key"},
+                        {"value", value},
+                        {"origins", json::array{"http://insecure.example"}}},
+           json::object{{"tool", "user"},
+                        {"name", "api_key"},
+                        {"value", value},
+                        {"origins", json::array{value}}},
+           json::object{{"tool", "user"},
+                        {"name", "api_key"},
+                        {"value", value},
+                        {"origins", json::array{s.granted.origin()}},
+                        {"unknown", value}},
+           json::object{{"tool", "user"},
+                        {"name", "api_key"},
+                        {"value", 12345},
+                        {"origins", json::array{s.granted.origin()}}},
+           json::object{{"tool", "user"},
+                        {"name", "1 bad name"},
+                        {"value", value},
+                        {"origins", json::array{s.granted.origin()}}},
+           json::object{{"tool", "no-such-tool"},
+                        {"name", "api_key"},
+                        {"value", value},
+                        {"origins", json::array{s.granted.origin()}}},
+           json::object{{"tool", "user"},
+                        {"name", "api_key"},
+                        {"value", std::string(70000, 'v')},
+                        {"origins", json::array{s.granted.origin()}}},
+       }) {
+    auto response = s.admin->call("secrets.set", params);
+    INFO(json::serialize(response));
+    CHECK(response.contains("error"));
+    CHECK(json::serialize(response).find(kValue) == std::string::npos);
+    CHECK(json::serialize(response).find(std::string(100, 'v')) == std::string::npos);
+  }
+  CHECK(resultOf(s.admin->call("secrets.list")).at("secrets").as_array().empty());
+  CHECK(s.daemon->log().find(kValue) == std::string::npos);
+  CHECK(s.daemon->log().find(std::string(100, 'v')) == std::string::npos);
+}
+
+TEST_CASE("secrets: a wrong or missing key stops the daemon at start and changes nothing",
+          "[e2e][secrets]") {
+  TempDir state;
+  DaemonOptions options;
+  options.stateDir = state.path() / "state";
+  {
+    auto daemon = DaemonProcess::start(options);
+    Peer admin(daemon->socket());
+    deploy(admin, jsTool("user", kUser, json::object{{"secrets", json::array{"api_key"}}}));
+    resultOf(
+        admin.call("secrets.set", json::object{{"tool", "user"},
+                                               {"name", "api_key"},
+                                               {"value", kValue},
+                                               {"origins", json::array{"https://a.example"}}}));
+    REQUIRE(daemon->stop() == 0);
+  }
+  const fs::path keyFile = *options.stateDir / "secrets.key";
+  const fs::path dataFile = *options.stateDir / "db" / "data.mdb";
+  const std::string key = readFile(keyFile);
+  REQUIRE(key.size() == 32);
+  const std::string before = readFile(dataFile);
+  CHECK(before.find(kValue) == std::string::npos);
+
+  auto refusedStart = [&](std::string_view expected) {
+    DaemonOptions again = options;
+    again.waitUntilReady = false;
+    auto daemon = DaemonProcess::start(again);
+    CHECK(daemon->wait(std::chrono::seconds(20)) == 1);
+    CHECK_THAT(daemon->log(), Catch::Contains(std::string(expected)));
+    CHECK(readFile(dataFile) == before);
+  };
+  SECTION("a different key") {
+    std::ofstream(keyFile, std::ios::binary | std::ios::trunc) << std::string(32, 'x');
+    refusedStart("the secrets key " + keyFile.string() +
+                 " does not match the one the secrets were stored with");
+    CHECK(readFile(keyFile) == std::string(32, 'x'));
+  }
+  SECTION("no key") {
+    fs::remove(keyFile);
+    refusedStart("the secrets key " + keyFile.string() +
+                 " is missing; restore it (the stored secrets cannot be read without it)");
+    CHECK_FALSE(fs::exists(keyFile));
+  }
+  SECTION("a malformed key") {
+    std::ofstream(keyFile, std::ios::binary | std::ios::trunc) << "not a key\n";
+    refusedStart("32 raw bytes, 64 hex characters, or 44 base64 characters");
+  }
+  SECTION("the key as a systemd credential, in hex") {
+    TempDir credentials;
+    static constexpr char kDigits[] = "0123456789abcdef";
+    std::string hexKey;
+    for (unsigned char c : key) {
+      hexKey += kDigits[c >> 4];
+      hexKey += kDigits[c & 15];
+    }
+    std::ofstream(credentials.path() / "toolhost.key") << hexKey << "\n";
+    fs::remove(keyFile);  // the state directory's copy is not used
+    DaemonOptions withCredentials = options;
+    withCredentials.env["CREDENTIALS_DIRECTORY"] = credentials.path().string();
+    auto daemon = DaemonProcess::start(withCredentials);
+    Peer admin(daemon->socket());
+    auto listed = resultOf(admin.call("secrets.list")).at("secrets").as_array();
+    CHECK(listed.size() == 1);
+    CHECK_FALSE(fs::exists(keyFile));
+    REQUIRE(daemon->stop() == 0);
+    // A credential directory without the key: refused, nothing created.
+    fs::remove(credentials.path() / "toolhost.key");
+    withCredentials.waitUntilReady = false;
+    auto refused = DaemonProcess::start(withCredentials);
+    CHECK(refused->wait(std::chrono::seconds(20)) == 1);
+    CHECK_THAT(refused->log(), Catch::Contains("toolhost.key"));
+    CHECK_FALSE(fs::exists(credentials.path() / "toolhost.key"));
+  }
+}
+
+TEST_CASE("secrets: toolhostctl secrets set reads the value from stdin, never argv",
+          "[e2e][secrets]") {
+  Setup s;
+  s.deployUser("user");
+  const std::string socket = s.daemon->socket().string();
+  const std::string ctl = ctlBinary().string();
+
+  auto set = runProgram({ctl, "--socket", socket, "--compact", "secrets", "set", "user", "api_key",
+                         "--origin", s.granted.origin(), "--allow-body"},
+                        std::string(kValue) + "\n");
+  INFO(set.err);
+  CHECK(set.status == 0);
+  CHECK(set.out.find(kValue) == std::string::npos);
+  auto stored = json::parse(set.out).as_object();
+  CHECK(stored.at("allowBody") == true);
+  // The trailing newline was not part of the value: the body echo shows exactly the redaction.
+  auto echo = echoOf(s.run(
+      "user",
+      json::object{{"url", s.granted.url("/echo")}, {"method", "POST"}, {"body", "[{key}]"}}));
+  CHECK(echo.at("body") == "[[redacted]]");
+
+  // A value on the command line is refused without being repeated.
+  auto onArgv = runProgram({ctl, "--socket", socket, "secrets", "set", "user", "api_key",
+                            "argv-VALUE-123", "--origin", s.granted.origin()},
+                           "ignored\n");
+  CHECK(onArgv.status == 2);
+  CHECK(onArgv.err.find("argv-VALUE-123") == std::string::npos);
+  CHECK_THAT(onArgv.err, Catch::Contains("never taken from the command line"));
+  auto empty = runProgram({ctl, "--socket", socket, "secrets", "set", "user", "api_key", "--origin",
+                           s.granted.origin()},
+                          "");
+  CHECK(empty.status == 2);
+
+  auto listed = runProgram({ctl, "--socket", socket, "--compact", "secrets", "list", "user"});
+  CHECK(listed.status == 0);
+  CHECK_THAT(listed.out, Catch::Contains("api_key"));
+  CHECK(listed.out.find(kValue) == std::string::npos);
+  auto deleted =
+      runProgram({ctl, "--socket", socket, "--compact", "secrets", "delete", "user", "api_key"});
+  CHECK(deleted.status == 0);
+  CHECK(json::parse(deleted.out).at("deleted") == true);
+  checkNoValueAnywhere(s);
+}

@@ -18,9 +18,7 @@ namespace json = boost::json;
 
 namespace {
 
-constexpr int kExitDone = 0;
-constexpr int kExitRefused = 1;
-constexpr int kExitConnect = 3;
+constexpr int kExitDone = kExitResult;
 
 constexpr std::string_view kChoices =
     "Answer: [a] allow once  [s] allow for this session  [A] allow always  [d] deny once  "
@@ -63,39 +61,17 @@ void say(const std::string& line) {
   std::fflush(stdout);
 }
 
-// The error's detail from a JSON-RPC response, for people.
-std::string errorWords(const json::object& response) {
-  const auto* error = response.if_contains("error");
-  if (error == nullptr || !error->is_object()) return "unknown error";
-  if (const auto* data = error->as_object().if_contains("data"); data && data->is_object()) {
-    auto detail = member(data->as_object(), "detail");
-    if (!detail.empty()) return detail;
-  }
-  return member(error->as_object(), "message");
-}
-
 class Approver {
  public:
   explicit Approver(Client& client) : client_(client) {}
 
   int run() {
     client_.onNotification = [this](const json::object& message) { handle(message); };
-    auto subscribed = client_.call("policy.subscribe", json::object{});
-    if (!subscribed) {
-      std::fprintf(stderr, "toolhostctl: %s\n", subscribed.error().detail.c_str());
-      return kExitConnect;
-    }
-    if (subscribed->contains("error")) {
-      std::fprintf(stderr, "toolhostctl: cannot become an approver: %s\n",
-                   errorWords(*subscribed).c_str());
-      return kExitRefused;
-    }
-    if (const auto* result = subscribed->if_contains("result"); result && result->is_object()) {
-      if (const auto* pending = result->as_object().if_contains("pending");
-          pending && pending->is_array()) {
-        for (const auto& prompt : pending->get_array()) {
-          if (prompt.is_object()) queue(prompt.as_object());
-        }
+    auto subscribed = subscribe(client_, "policy.subscribe", "an approver");
+    if (!subscribed) return subscribed.error();
+    if (const auto* pending = subscribed->if_contains("pending"); pending && pending->is_array()) {
+      for (const auto& prompt : pending->get_array()) {
+        if (prompt.is_object()) queue(prompt.as_object());
       }
     }
     say("Waiting for requests to approve. End of input (Ctrl-D) or Ctrl-C stops.\n");
@@ -279,7 +255,7 @@ class Approver {
         return kExitConnect;
       }
       if (response->contains("error")) {
-        say("Could not answer: " + errorWords(*response) + "\n");
+        say("Could not answer: " + errorDetail(*response) + "\n");
       } else {
         say(std::string(answer->words) + "\n");
       }

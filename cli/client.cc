@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 namespace toolhost::cli {
@@ -122,6 +123,39 @@ boost::system::result<json::object, ClientError> Client::call(const std::string&
     if (responseId->is_null() && message->contains("error")) return *message;
     if (responseId->is_int64() && responseId->get_int64() == id) return *message;
   }
+}
+
+std::string errorDetail(const boost::json::object& response) {
+  const auto* error = response.if_contains("error");
+  if (error == nullptr || !error->is_object()) return "unknown error";
+  const auto& object = error->as_object();
+  if (const auto* data = object.if_contains("data"); data && data->is_object()) {
+    if (const auto* detail = data->as_object().if_contains("detail");
+        detail && detail->is_string() && !detail->get_string().empty()) {
+      return std::string(detail->get_string());
+    }
+  }
+  if (const auto* message = object.if_contains("message"); message && message->is_string()) {
+    return std::string(message->get_string());
+  }
+  return "unknown error";
+}
+
+boost::system::result<boost::json::object, int> subscribe(Client& client, const std::string& method,
+                                                          std::string_view role) {
+  auto subscribed = client.call(method, boost::json::object{});
+  if (!subscribed) {
+    std::fprintf(stderr, "toolhostctl: %s\n", subscribed.error().detail.c_str());
+    return {boost::system::in_place_error, kExitConnect};
+  }
+  if (subscribed->contains("error")) {
+    std::fprintf(stderr, "toolhostctl: cannot become %.*s: %s\n", static_cast<int>(role.size()),
+                 role.data(), errorDetail(*subscribed).c_str());
+    return {boost::system::in_place_error, kExitRpcError};
+  }
+  const auto* result = subscribed->if_contains("result");
+  if (result != nullptr && result->is_object()) return result->as_object();
+  return boost::json::object{};
 }
 
 }  // namespace toolhost::cli

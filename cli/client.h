@@ -8,8 +8,15 @@
 #include <filesystem>
 #include <functional>
 #include <string>
+#include <string_view>
 
 namespace toolhost::cli {
+
+// toolhostctl's exit codes, which scripts rely on.
+inline constexpr int kExitResult = 0;    // a result (or, for approve and popup-host, a clean end)
+inline constexpr int kExitRpcError = 1;  // a JSON-RPC error answered
+inline constexpr int kExitUsage = 2;     // a bad command line
+inline constexpr int kExitConnect = 3;   // the daemon could not be reached, or the connection broke
 
 struct ClientError {
   enum class Kind { cannotConnect, connectionLost, timeout, badResponse };
@@ -49,5 +56,13 @@ class Client {
   std::string buffer_;
   std::int64_t nextId_ = 1;
 };
+
+// The words of a JSON-RPC error response for people: error.data.detail, else error.message.
+std::string errorDetail(const boost::json::object& response);
+
+// Calls `method` (a subscription: policy.subscribe, popup.subscribe) and answers its result
+// object, or the exit code after saying on stderr why `role` could not be taken up.
+boost::system::result<boost::json::object, int> subscribe(Client& client, const std::string& method,
+                                                          std::string_view role);
 
 }  // namespace toolhost::cli

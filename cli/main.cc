@@ -24,10 +24,10 @@ using namespace toolhost;
 
 namespace {
 
-constexpr int kExitResult = 0;
-constexpr int kExitRpcError = 1;
-constexpr int kExitUsage = 2;
-constexpr int kExitConnect = 3;
+using cli::kExitConnect;
+using cli::kExitResult;
+using cli::kExitRpcError;
+using cli::kExitUsage;
 
 void pretty(std::string& out, const json::value& value, int indent) {
   auto newline = [&](int level) {

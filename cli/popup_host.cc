@@ -17,26 +17,12 @@ namespace json = boost::json;
 
 namespace {
 
-constexpr int kExitDone = 0;
-constexpr int kExitRefused = 1;
-constexpr int kExitConnect = 3;
+constexpr int kExitDone = kExitResult;
 
 void printLine(const json::object& message) {
   std::string line = protocol::writeJson(message) + "\n";
   std::fwrite(line.data(), 1, line.size(), stdout);
   std::fflush(stdout);
-}
-
-std::string errorDetail(const json::object& response) {
-  const auto* error = response.if_contains("error");
-  if (error == nullptr || !error->is_object()) return "unknown error";
-  if (const auto* data = error->as_object().if_contains("data"); data && data->is_object()) {
-    if (const auto* detail = data->as_object().if_contains("detail");
-        detail && detail->is_string()) {
-      return std::string(detail->get_string());
-    }
-  }
-  return "error " + protocol::writeJson(*error);
 }
 
 void showNotification(const json::object& message) {
@@ -77,20 +63,10 @@ int runPopupHost(const std::filesystem::path& socket) {
   }
   Client& client = *connected;
   client.onNotification = showNotification;
-  auto subscribed = client.call("popup.subscribe", json::object{});
-  if (!subscribed) {
-    std::fprintf(stderr, "toolhostctl: %s\n", subscribed.error().detail.c_str());
-    return kExitConnect;
-  }
-  if (subscribed->contains("error")) {
-    std::fprintf(stderr, "toolhostctl: cannot become a popup host: %s\n",
-                 errorDetail(*subscribed).c_str());
-    return kExitRefused;
-  }
+  auto subscribed = subscribe(client, "popup.subscribe", "a popup host");
+  if (!subscribed) return subscribed.error();
   // The first line says the host is ready: popup.subscribe's result.
-  if (const auto* result = subscribed->if_contains("result"); result && result->is_object()) {
-    printLine(result->as_object());
-  }
+  printLine(*subscribed);
 
   std::string input;
   for (;;) {

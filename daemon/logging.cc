@@ -1,5 +1,7 @@
 #include "daemon/logging.h"
 
+#include "protocol/time_text.h"
+
 #include <spdlog/pattern_formatter.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/sinks/stdout_sinks.h>
@@ -17,16 +19,7 @@ namespace {
 class JsonFormatter final : public spdlog::formatter {
  public:
   void format(const spdlog::details::log_msg& msg, spdlog::memory_buf_t& dest) override {
-    using namespace std::chrono;
-    auto since = msg.time.time_since_epoch();
-    auto seconds = duration_cast<std::chrono::seconds>(since);
-    auto millis = duration_cast<milliseconds>(since - seconds).count();
-    std::time_t t = seconds.count();
-    std::tm tm{};
-    gmtime_r(&t, &tm);
-    char stamp[40];
-    std::size_t n = std::strftime(stamp, sizeof stamp, "%Y-%m-%dT%H:%M:%S", &tm);
-    std::snprintf(stamp + n, sizeof stamp - n, ".%03dZ", static_cast<int>(millis));
+    const std::string stamp = protocol::formatTime(msg.time);
     append(dest, R"({"time":")");
     append(dest, stamp);
     append(dest, R"(","level":")");

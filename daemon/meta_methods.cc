@@ -1,5 +1,7 @@
 #include "daemon/meta_methods.h"
 
+#include "protocol/time_text.h"
+
 #include "runtime/v8_platform.h"
 
 #include <boost/asio/as_tuple.hpp>
@@ -15,20 +17,6 @@
 namespace toolhost::daemon {
 namespace asio = boost::asio;
 namespace json = boost::json;
-
-std::string formatTime(std::chrono::system_clock::time_point time) {
-  using namespace std::chrono;
-  auto since = time.time_since_epoch();
-  auto secs = duration_cast<seconds>(since);
-  auto millis = duration_cast<milliseconds>(since - secs).count();
-  std::time_t t = secs.count();
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char text[40];
-  std::size_t n = std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%S", &tm);
-  std::snprintf(text + n, sizeof text - n, ".%03dZ", static_cast<int>(millis));
-  return text;
-}
 
 namespace {
 
@@ -67,7 +55,7 @@ void registerMetaMethods(MethodTable& methods, const DaemonFacts& facts) {
           co_await timer.async_wait(asio::use_awaitable);  // cancellation throws, answered as such
         }
         co_return json::value(json::object{{"pong", true},
-                                           {"time", formatTime(std::chrono::system_clock::now())}});
+                                           {"time", protocol::formatTime(std::chrono::system_clock::now())}});
       }});
 
   methods.add(MethodSpec{
@@ -93,7 +81,7 @@ void registerMetaMethods(MethodTable& methods, const DaemonFacts& facts) {
                           {"version", facts.version},
                           {"v8Version", runtime::v8Version()},
                           {"pid", ::getpid()},
-                          {"startedAt", formatTime(facts.startedWall)},
+                          {"startedAt", protocol::formatTime(facts.startedWall)},
                           {"uptimeMs", uptimeMs(facts)},
                           {"socket", config.socketPath.string()},
                           {"caller", std::move(caller)},

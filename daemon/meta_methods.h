@@ -30,7 +30,5 @@ struct DaemonFacts {
 
 void registerMetaMethods(MethodTable& methods, const DaemonFacts& facts);
 
-// RFC 3339 UTC with milliseconds.
-std::string formatTime(std::chrono::system_clock::time_point time);
 
 }  // namespace toolhost::daemon

@@ -117,19 +117,6 @@ bool isKnownAction(std::string_view action) {
   return action == kActionFetch || action == kActionPopup || action == kActionInvoke;
 }
 
-std::string formatTime(std::chrono::system_clock::time_point time) {
-  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(time.time_since_epoch()).count();
-  std::time_t seconds = static_cast<std::time_t>(ms / 1000);
-  if (ms < 0 && ms % 1000 != 0) --seconds;
-  int millis = static_cast<int>(((ms % 1000) + 1000) % 1000);
-  std::tm utc{};
-  gmtime_r(&seconds, &utc);
-  char buffer[80];
-  std::snprintf(buffer, sizeof buffer, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", utc.tm_year + 1900,
-                utc.tm_mon + 1, utc.tm_mday, utc.tm_hour, utc.tm_min, utc.tm_sec, millis);
-  return buffer;
-}
-
 std::string describe(const DecisionKey& key) {
   return key.action + " " + key.target + " (" + std::string(accessClassName(key.access)) + ") by " +
          key.toolRevision;

@@ -5,6 +5,7 @@
 #pragma once
 
 #include "policy/access_class.h"
+#include "protocol/time_text.h"
 #include "store/store.h"
 
 #include <boost/json/object.hpp>
@@ -50,8 +51,8 @@ struct DecisionKey {
   }
 };
 
-// RFC 3339 UTC with milliseconds: "2024-05-01T12:00:00.123Z".
-std::string formatTime(std::chrono::system_clock::time_point time);
+// RFC 3339 UTC with milliseconds (protocol/time_text.h).
+using protocol::formatTime;
 
 // Words for logs and messages: "fetch https://api.example (read) by sha256:...".
 std::string describe(const DecisionKey& key);

@@ -3,6 +3,7 @@
 #include "protocol/content_hash.h"
 #include "protocol/json_parse.h"
 #include "protocol/json_text.h"
+#include "protocol/time_text.h"
 #include "registry/manifest.h"
 #include "store/keys.h"
 
@@ -101,20 +102,6 @@ json::value withoutFormats(const json::value& schema) {
 }
 
 }  // namespace
-
-std::string nowRfc3339() {
-  using namespace std::chrono;
-  auto now = system_clock::now().time_since_epoch();
-  auto secs = duration_cast<seconds>(now);
-  auto millis = duration_cast<milliseconds>(now - secs).count();
-  std::time_t t = secs.count();
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char text[40];
-  std::size_t n = std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%S", &tm);
-  std::snprintf(text + n, sizeof text - n, ".%03dZ", static_cast<int>(millis));
-  return text;
-}
 
 std::string_view executionClassName(ExecutionClass executionClass) {
   switch (executionClass) {
@@ -278,7 +265,7 @@ Result<InstallOutcome> Registry::install(const json::object& manifest) {
     }
   }
   std::string revision = protocol::contentHashOfCanonical(protocol::domain::kToolManifest, *canonical);
-  std::string installedAt = nowRfc3339();
+  std::string installedAt = protocol::formatTime(std::chrono::system_clock::now());
   bool created = false;
   auto written = store_.write([&](store::WriteTxn& txn) -> boost::system::result<void> {
     if (txn.contains(manifests_, revision)) return {};  // same manifest: nothing to write
@@ -302,7 +289,7 @@ Result<InstallOutcome> Registry::registerNative(NativeTool tool) {
   }
   std::string name(tool.manifest.at("name").as_string());
   std::string revision = protocol::contentHashOfCanonical(protocol::domain::kToolManifest, *canonical);
-  std::string now = nowRfc3339();
+  std::string now = protocol::formatTime(std::chrono::system_clock::now());
   bool created = false;
   std::optional<std::string> previous;
   auto written = store_.write([&](store::WriteTxn& txn) -> boost::system::result<void> {
@@ -350,7 +337,7 @@ Result<ActivateOutcome> Registry::activate(const std::string& name, const std::s
   }
   ActivateOutcome outcome{name, revision, std::nullopt, false, {}};
   std::optional<RegistryError> refusal;
-  std::string now = nowRfc3339();
+  std::string now = protocol::formatTime(std::chrono::system_clock::now());
   auto written = store_.write([&](store::WriteTxn& txn) -> boost::system::result<void> {
     if (auto current = txn.tryGet(bindings_, name)) {
       auto object = parseObject(*current);

@@ -168,7 +168,5 @@ inline constexpr std::size_t kMaxToolNameLength = 64;
 // `maxItems` of at most 1000: quadratic time). `where` prefixes the error ("parameters").
 Result<JsonSchema> compileToolSchema(const boost::json::value& schema, std::string_view where);
 
-// RFC 3339 UTC now, with milliseconds.
-std::string nowRfc3339();
 
 }  // namespace toolhost::registry

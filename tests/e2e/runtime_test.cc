@@ -120,8 +120,10 @@ TEST_CASE("limits and failures become distinct JSON-RPC errors, the daemon survi
   RawClient client(daemon->socket());
   auto limits = json::object{{"limits", json::parse(R"({"wallMs":400,"cpuMs":300,"heapMb":32,"arrayBufferMb":8,"outputBytes":1000})")}};
   deploy(client, jsTool("spin", "export default async () => { for (;;) {} }", limits));
-  deploy(client, jsTool("hog", "export default async () => { const a = []; for (;;) a.push({x: [1,2,3,4]}); }", limits));
-  deploy(client, jsTool("buffers", "export default async () => { const k = []; for (;;) k.push(new ArrayBuffer(1 << 20)); }", limits));
+  // The memory bombs get wall and CPU limits they cannot reach first, even on a loaded machine.
+  auto memoryLimits = json::object{{"limits", json::parse(R"({"wallMs":60000,"cpuMs":30000,"heapMb":32,"arrayBufferMb":8})")}};
+  deploy(client, jsTool("hog", "export default async () => { const a = []; for (;;) a.push({x: [1,2,3,4]}); }", memoryLimits));
+  deploy(client, jsTool("buffers", "export default async () => { const k = []; for (;;) k.push(new ArrayBuffer(1 << 20)); }", memoryLimits));
   deploy(client, jsTool("chatty", "export default async () => 'x'.repeat(5000)", limits));
   deploy(client, jsTool("thrower", "export default async () => { const e = new Error('no city given'); e.code = 'bad-city'; throw e; }", limits));
   deploy(client, jsTool("recursive", "const f = (n) => f(n + 1) + 1; export default async () => f(0)", limits));
@@ -236,7 +238,7 @@ TEST_CASE("a tool that crashes or wedges V8 takes down only its sandbox process"
   options.configToml = "[runtime]\nkill_grace_ms = 300\n";
   auto daemon = DaemonProcess::start(options);
   RawClient client(daemon->socket());
-  auto limits = json::object{{"limits", json::parse(R"({"wallMs":400,"heapMb":16})")}};
+  auto limits = json::object{{"limits", json::parse(R"({"wallMs":10000,"heapMb":16})")}};
   // V8 aborts the whole process on this ("invalid size error"), whatever the heap limit.
   deploy(client, jsTool("fatal", "export default async () => 'x'.repeat(2 ** 28).split('')", limits));
   // A builtin that loops in C++ without checking for termination.

@@ -6,6 +6,8 @@
 #include "policy/approvals.h"
 #include "policy/audit.h"
 #include "store/store.h"
+#include "tests/support/catch_result.h"
+#include "tests/support/temp_dir.h"
 
 #include <unistd.h>
 #include <boost/asio/bind_cancellation_slot.hpp>
@@ -21,13 +23,6 @@
 #include <string>
 #include <vector>
 
-// boost's operator<< for result<T, E> is unconstrained and breaks Catch2 for T without one.
-template <class T, class E>
-struct Catch::StringMaker<boost::system::result<T, E>> {
-  static std::string convert(const boost::system::result<T, E>& r) {
-    return r ? "result(value)" : "result(error)";
-  }
-};
 
 namespace asio = boost::asio;
 namespace json = boost::json;
@@ -41,24 +36,7 @@ namespace {
 const std::string kRevA = "sha256:AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA";
 const std::string kRevB = "sha256:BBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBB";
 
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = "/tmp/toolhost-policy-XXXXXX";
-    if (::mkdtemp(pattern.data()) == nullptr) FAIL("mkdtemp failed");
-    path_ = pattern;
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  ~TempDir() {
-    std::error_code ignored;
-    std::filesystem::remove_all(path_, ignored);
-  }
-  std::filesystem::path state() const { return path_ / "state"; }
-
- private:
-  std::filesystem::path path_;
-};
+using toolhost::testing::TempDir;
 
 StorePtr openStore(const std::filesystem::path& stateDir) {
   toolhost::store::Options options;

@@ -6,6 +6,8 @@
 #include "protocol/json_parse.h"
 #include "protocol/json_text.h"
 #include "store/store.h"
+#include "tests/support/catch_result.h"
+#include "tests/support/temp_dir.h"
 
 #include <openssl/evp.h>
 #include <sys/stat.h>
@@ -20,13 +22,6 @@
 #include <string>
 #include <vector>
 
-// boost's operator<< for result<T, E> is unconstrained and breaks Catch2 for T without one.
-template <class T, class E>
-struct Catch::StringMaker<boost::system::result<T, E>> {
-  static std::string convert(const boost::system::result<T, E>& r) {
-    return r ? "result(value)" : "result(error)";
-  }
-};
 
 namespace fs = std::filesystem;
 namespace json = boost::json;
@@ -41,25 +36,7 @@ const std::string kRevB = "sha256:BBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBB";
 const std::string kRevC = "sha256:CCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCC";
 const std::string kValue = "sk-live-9f8e7d6c5b4a-THE-VALUE";
 
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = "/tmp/toolhost-vault-XXXXXX";
-    if (::mkdtemp(pattern.data()) == nullptr) FAIL("mkdtemp failed");
-    path_ = pattern;
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  ~TempDir() {
-    std::error_code ignored;
-    fs::remove_all(path_, ignored);
-  }
-  const fs::path& path() const { return path_; }
-  fs::path state() const { return path_ / "state"; }
-
- private:
-  fs::path path_;
-};
+using toolhost::testing::TempDir;
 
 StorePtr openStore(const fs::path& stateDir) {
   toolhost::store::Options options;

@@ -7,6 +7,7 @@
 #include "protocol/json_text.h"
 #include "registry/registry.h"
 #include "store/store.h"
+#include "tests/support/temp_dir.h"
 
 #include <unistd.h>
 #include <boost/json/serialize.hpp>
@@ -21,24 +22,7 @@ namespace json = boost::json;
 
 namespace {
 
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = "/tmp/toolhost-tasks-XXXXXX";
-    if (::mkdtemp(pattern.data()) == nullptr) FAIL("mkdtemp failed");
-    path_ = pattern;
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  ~TempDir() {
-    std::error_code ignored;
-    std::filesystem::remove_all(path_, ignored);
-  }
-  const std::filesystem::path& path() const { return path_; }
-
- private:
-  std::filesystem::path path_;
-};
+using toolhost::testing::TempDir;
 
 store::StorePtr openStore(const std::filesystem::path& stateDir) {
   store::Options options;

@@ -13,6 +13,7 @@
 #include <system_error>
 
 #include "store/store.h"
+#include "tests/support/temp_dir.h"
 
 // boost's operator<< for result<T> is unconstrained and breaks Catch2 for T without one.
 template <class T>
@@ -24,26 +25,7 @@ struct Catch::StringMaker<boost::system::result<T>> {
 
 namespace toolhost::store::test {
 
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = "/tmp/toolhost-store-XXXXXX";
-    if (::mkdtemp(pattern.data()) == nullptr) FAIL("mkdtemp failed");
-    path_ = pattern;
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  ~TempDir() {
-    std::error_code ignored;
-    std::filesystem::remove_all(path_, ignored);
-  }
-  const std::filesystem::path& path() const { return path_; }
-  // A state directory that does not exist yet, so open() has to create it.
-  std::filesystem::path state() const { return path_ / "state"; }
-
- private:
-  std::filesystem::path path_;
-};
+using toolhost::testing::TempDir;
 
 inline Options options(const std::filesystem::path& stateDir,
                        std::vector<std::string> tables = {"items", "other"}) {

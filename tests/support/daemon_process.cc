@@ -29,17 +29,6 @@ using Clock = std::chrono::steady_clock;
 fs::path daemonBinary() { return TOOLHOST_DAEMON_PATH; }
 fs::path ctlBinary() { return TOOLHOST_CTL_PATH; }
 
-TempDir::TempDir() {
-  char pattern[] = "/tmp/th-XXXXXX";
-  if (::mkdtemp(pattern) == nullptr) throw std::runtime_error("mkdtemp failed");
-  path_ = pattern;
-}
-
-TempDir::~TempDir() {
-  std::error_code ignored;
-  fs::remove_all(path_, ignored);
-}
-
 namespace {
 
 bool canConnect(const fs::path& socket) {

@@ -2,6 +2,8 @@
 // line client for its socket. Used by end-to-end tests only; each test owns its own daemon.
 #pragma once
 
+#include "tests/support/temp_dir.h"
+
 #include <boost/json/object.hpp>
 #include <boost/json/value.hpp>
 #include <sys/types.h>
@@ -18,19 +20,6 @@
 
 namespace toolhost::testing {
 
-// A fresh directory under /tmp (short, so socket paths stay far below 108 bytes), removed on
-// destruction.
-class TempDir {
- public:
-  TempDir();
-  ~TempDir();
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const std::filesystem::path& path() const { return path_; }
-
- private:
-  std::filesystem::path path_;
-};
 
 struct DaemonOptions {
   std::string configToml;                  // written to a file and passed with --config if set

@@ -82,29 +82,39 @@ void print(const json::value& value, bool asPretty) {
   std::fwrite(out.data(), 1, out.size(), stdout);
 }
 
+// Whether a JSON-RPC response is "method not found".
+bool isMethodNotFound(const json::object& response) {
+  const auto* error = response.if_contains("error");
+  if (error == nullptr || !error->is_object()) return false;
+  const auto* code = error->as_object().if_contains("code");
+  return code != nullptr && code->is_int64() && code->as_int64() == -32601;
+}
+
+// Calls `method` and prints its result (exit 0) or its error (exit 1). With `orTool`, a method
+// the daemon does not have is taken as a tool name: the call is repeated as tools.call {name:
+// method, arguments: params}, so `toolhostctl call weather-lookup '{"city":"Paris"}'` runs the
+// tool. Methods win: a tool named like a method (ping) is called with tools.call.
 int callAndPrint(const std::filesystem::path& socket, const std::string& method,
-                 const json::value& params, bool asPretty, std::chrono::milliseconds timeout) {
+                 const json::value& params, bool asPretty, std::chrono::milliseconds timeout,
+                 bool orTool = false) {
   auto client = cli::Client::connect(socket);
   if (!client) {
     std::fprintf(stderr, "toolhostctl: %s\n", client.error().detail.c_str());
     return kExitConnect;
   }
   auto response = client->call(method, params, timeout);
+  if (response && orTool && isMethodNotFound(*response)) {
+    json::object toolCall{{"name", method},
+                          {"arguments", params.is_null() ? json::value(json::object{}) : params}};
+    response = client->call("tools.call", toolCall, timeout);
+  }
   if (!response) {
     std::fprintf(stderr, "toolhostctl: %s\n", response.error().detail.c_str());
     return kExitConnect;
   }
   if (const auto* error = response->if_contains("error")) {
     print(*error, asPretty);
-    std::string message = "error";
-    if (const auto* data = error->as_object().if_contains("data")) {
-      if (const auto* detail = data->as_object().if_contains("detail"); detail && detail->is_string()) {
-        message = std::string(detail->get_string());
-      }
-    } else if (const auto* text = error->as_object().if_contains("message"); text && text->is_string()) {
-      message = std::string(text->get_string());
-    }
-    std::fprintf(stderr, "toolhostctl: %s\n", message.c_str());
+    std::fprintf(stderr, "toolhostctl: %s\n", cli::errorDetail(*response).c_str());
     return kExitRpcError;
   }
   const auto* result = response->if_contains("result");
@@ -133,7 +143,10 @@ int main(int argc, char** argv) {
   auto* info = app.add_subcommand("info", "version, V8 version, uptime, your roles, limits");
   auto* health = app.add_subcommand("health", "whether the daemon and its parts work");
   auto* discover = app.add_subcommand("discover", "the OpenRPC document of every method");
-  auto* call = app.add_subcommand("call", "call any method: call METHOD [PARAMS_JSON | -]");
+  auto* call = app.add_subcommand(
+      "call",
+      "call any method: call METHOD [PARAMS_JSON | -]; a name the daemon has no method for is "
+      "taken as a tool: call TOOL [ARGUMENTS_JSON | -] runs tools.call");
   std::string method;
   std::string paramsText;
   call->add_option("method", method, "method name, e.g. tools.list")->required();
@@ -322,7 +335,9 @@ int main(int argc, char** argv) {
       }
       params = std::move(*parsed);
     }
-    return callAndPrint(socket, method, params, asPretty, timeout);
+    // Tool names never hold '.' or '$'; method names mostly do.
+    const bool mayBeTool = method.find_first_of(".$") == std::string::npos;
+    return callAndPrint(socket, method, params, asPretty, timeout, mayBeTool);
   }
   return kExitUsage;
 }

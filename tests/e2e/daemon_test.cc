@@ -172,6 +172,18 @@ TEST_CASE("toolhostctl prints JSON with exit codes a script can rely on", "[e2e]
   CHECK(unknown.status == 1);
   CHECK(parse(unknown.out).at("code") == -32601);
 
+  // A name the daemon has no method for is a tool: call TOOL ARGUMENTS runs tools.call.
+  auto tool = runProgram({ctl, "--socket", socket, "call", "echo", R"({"city":"Paris"})"});
+  CHECK(tool.status == 0);
+  CHECK(parse(tool.out).at("result").at("city") == "Paris");
+  CHECK(parse(tool.out).at("name") == "echo");
+  auto noArguments = runProgram({ctl, "--socket", socket, "call", "time-now"});
+  CHECK(noArguments.status == 0);
+  CHECK(parse(noArguments.out).at("result").as_object().contains("iso"));
+  auto noTool = runProgram({ctl, "--socket", socket, "call", "no-such-tool", "{}"});
+  CHECK(noTool.status == 1);
+  CHECK(parse(noTool.out).at("code") == -32001);
+
   auto badParams = runProgram({ctl, "--socket", socket, "call", "ping", "{not json"});
   CHECK(badParams.status == 2);
 

@@ -566,10 +566,18 @@ std::shared_ptr<Process> ProcessSandboxPool::Impl::startLocked(unsigned slot) {
       MessageChannel::create(executor, fds[0], ipc::kMaxMessageBytes, ipc::maxMessageDepth(config));
   auto process = std::make_shared<Process>(shared_from_this(), slot, channel);
   slots[slot].process = process;
-  channel->start([process](json::object message) { process->impl->onMessage(process, message); },
-                 [process](const std::string& reason) {
-                   process->impl->end(
-                       process, {},
+  // The handlers hold the process weakly: the process holds the channel, and a channel whose
+  // read loop never resumes (its executor stopped first, at shutdown) keeps its handlers.
+  // While the process matters, its slot (or the supervisor) holds it.
+  std::weak_ptr<Process> weak = process;
+  channel->start([weak](json::object message) {
+                   if (auto alive = weak.lock()) alive->impl->onMessage(alive, message);
+                 },
+                 [weak](const std::string& reason) {
+                   auto alive = weak.lock();
+                   if (!alive) return;
+                   alive->impl->end(
+                       alive, {},
                        CallError{CallErrc::sandboxCrashed,
                                  "the sandbox process ended unexpectedly (e.g. V8 aborted on "
                                  "a fatal error); the call's sandbox is gone",

@@ -773,6 +773,11 @@ TEST_CASE(
     "[systemd][seccomp]") {
   REQUIRE_PROGRAM(analyze, "systemd-analyze");
   REQUIRE_PROGRAM(activate, "systemd-socket-activate");
+#ifdef TOOLHOST_SANITIZED
+  // LeakSanitizer stops the world with ptrace at exit, which the unit's filter forbids: the
+  // children would never finish. Leaks are checked by every other test of a sanitized build.
+  ::setenv("ASAN_OPTIONS", "detect_leaks=0", 1);
+#endif
   TempDir dir;
   auto allowed =
       allowedSyscalls(*analyze, readFile(kSourceDir / "systemd" / "toolhost.service.in"));
@@ -800,11 +805,17 @@ TEST_CASE(
   // The daemon itself, socket-activated, through a reload and a clean stop.
   auto socket = dir.path() / "s";
   NotifyListener notify(dir.path() / "n");
-  Child daemon({activate->string(), "--listen=" + socket.string(), "-E",
-                "NOTIFY_SOCKET=" + notify.path().string(), "-E", "WATCHDOG_USEC=1000000", helper,
-                list.string(), "exec", daemonBinary().string(), "--state-dir",
-                (dir.path() / "state").string(), "--log-format", "text"},
-               {}, dir.path() / "log");
+  std::vector<std::string> command{activate->string(), "--listen=" + socket.string(), "-E",
+                                   "NOTIFY_SOCKET=" + notify.path().string(), "-E",
+                                   "WATCHDOG_USEC=1000000"};
+#ifdef TOOLHOST_SANITIZED
+  // systemd-socket-activate passes on only the variables it is given.
+  command.insert(command.end(), {"-E", "ASAN_OPTIONS=detect_leaks=0"});
+#endif
+  command.insert(command.end(), {helper, list.string(), "exec", daemonBinary().string(),
+                                 "--state-dir", (dir.path() / "state").string(), "--log-format",
+                                 "text"});
+  Child daemon(command, {}, dir.path() / "log");
   REQUIRE(eventually([&] { return isListening(socket); }));
   {
     RawClient client(socket);
@@ -817,8 +828,9 @@ TEST_CASE(
   daemon.signal(SIGHUP);
   CHECK(notify.waitFor("RELOADING=1"));
   CHECK(notify.waitFor("READY=1"));
-  CHECK(daemon.stop() == 0);
+  const auto stopped = daemon.stop();
   INFO(daemon.log());
+  CHECK(stopped == 0);
   CHECK(notify.waitFor("STOPPING=1"));
 }
 #else

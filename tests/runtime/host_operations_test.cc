@@ -413,7 +413,7 @@ TEST_CASE("onAbort runs when a call ends with the operation outstanding", "[ops]
     auto outcome = callAndCancel(f.pool, tool, milliseconds(150));
     INFO(describe(outcome));
     CHECK(errc(outcome) == CallErrc::cancelled);
-    CHECK(outcome.usage.wallMs < 2000);
+    CHECK(outcome.usage.wallMs < 10000);  // not the 30 s wall limit
     CHECK(held.aborts == 1);
   }
   SECTION("timed out") {
@@ -425,7 +425,7 @@ TEST_CASE("onAbort runs when a call ends with the operation outstanding", "[ops]
     INFO(describe(outcome));
     CHECK(errc(outcome) == CallErrc::timeout);
     CHECK(outcome.usage.wallMs >= 290);
-    CHECK(outcome.usage.wallMs < 2000);
+    CHECK(outcome.usage.wallMs < 10000);  // the popup never answers
     CHECK(held.aborts == 1);
   }
   SECTION("the promise settled with an operation pending, then the deadline cut it short") {

@@ -77,7 +77,7 @@ struct ProcessFixture {
 };
 
 template <typename Predicate>
-bool waitFor(Predicate predicate, milliseconds timeout = milliseconds(5000)) {
+bool waitFor(Predicate predicate, milliseconds timeout = milliseconds(15000)) {
   const auto deadline = Clock::now() + timeout;
   while (!predicate()) {
     if (Clock::now() >= deadline) return false;
@@ -434,7 +434,7 @@ TEST_CASE("a sandbox host killed from outside is noticed and replaced", "[proces
     INFO(describe(outcome));
     REQUIRE(errc(outcome) == CallErrc::sandboxCrashed);
     CHECK_THAT(outcome.result.error().detail, Catch::Contains("ended unexpectedly"));
-    CHECK(millisSince(start) < 3000);
+    CHECK(millisSince(start) < 15000);  // noticed, not the 30 s wall limit
     auto next = f.call(counter);
     REQUIRE(next.result);
     CHECK(*next.result == 1);

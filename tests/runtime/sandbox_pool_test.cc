@@ -544,7 +544,7 @@ TEST_CASE("limits: the manifest's, tightened by the request, capped by the daemo
     options.limits.wallMs = 100;
     auto outcome = f.call(spin, {}, options);
     CHECK(errc(outcome) == CallErrc::timeout);
-    CHECK(outcome.usage.wallMs < 2000);
+    CHECK(outcome.usage.wallMs < 4500);  // the call's 100 ms, not the tool's 5000
   }
   SECTION("a tighter heap runs in a sandbox of its own") {
     auto counter =
@@ -631,7 +631,7 @@ TEST_CASE("host operations: a call waits for those it started, and their wait is
     auto outcome = f.call(tool);
     INFO(describe(outcome));
     CHECK((errc(outcome) == CallErrc::timeout || errc(outcome) == CallErrc::cpuLimit));
-    CHECK(outcome.usage.wallMs < 3000);
+    CHECK(outcome.usage.wallMs < 10000);  // a bound: unchecked it would run for ever
     CHECK(f.host.resolved.size() > 10);
   }
   SECTION("a cancel reaches a call between its segments") {

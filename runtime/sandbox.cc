@@ -193,8 +193,8 @@ auto Sandbox::segment(Body&& body) -> decltype(body(std::declval<JsScope&>())) {
   const std::int64_t cpuLeft = call.limits.cpuMs * 1'000'000 - call.cpuUsedNs;
   // A pause of the wall clock moves the deadline; operations complete between segments, so the
   // deadline taken here holds for the whole segment.
-  watchdog_.arm(call.epoch,
-                {isolate_, &kill_, call.wallClock().deadline, cpuClock, cpuStart + cpuLeft});
+  watchdog_.arm(call.epoch, {isolate_, &kill_, call.wallClock().deadline, cpuClock,
+                             cpuStart + cpuLeft, cpuStart});
   // A cancel that came before the arm could not reach it; it is seen here instead.
   if (call.cancelRequested.load()) recordKill(kill_, Kill::cancelled);
 

@@ -28,13 +28,31 @@ std::int64_t Watchdog::cpuNowNs(clockid_t clock) {
   return static_cast<std::int64_t>(now.tv_sec) * 1'000'000'000 + now.tv_nsec;
 }
 
+namespace {
+// When the watchdog must first look at `arm`: its wall deadline, or the earliest moment its
+// thread could reach the CPU deadline (no sooner than the poll floor).
+Watchdog::Clock::time_point firstCheck(const Watchdog::Arm& arm, Watchdog::Clock::time_point now) {
+  const std::int64_t cpuNow = arm.cpuNowNs >= 0 ? arm.cpuNowNs : Watchdog::cpuNowNs(arm.cpuClock);
+  const auto remaining = std::chrono::nanoseconds(std::max<std::int64_t>(arm.cpuDeadlineNs - cpuNow, 0));
+  return std::min(arm.wallDeadline,
+                  now + std::max<Watchdog::Clock::duration>(remaining, kMinCpuPoll));
+}
+}  // namespace
+
 void Watchdog::arm(std::uint64_t epoch, const Arm& arm) {
+  const auto check = firstCheck(arm, Clock::now());
+  bool wake = false;
   {
     std::lock_guard lock(mutex_);
     arms_[epoch] = arm;
     fired_.erase(epoch);
+    // The thread looks at every arm when it wakes by itself; only an earlier check needs it now.
+    if (check < sleepsUntil_) {
+      wake = true;
+      sleepsUntil_ = Clock::time_point::min();  // it looks at every arm once it is awake
+    }
   }
-  wake_.notify_all();
+  if (wake) wake_.notify_all();
 }
 
 void Watchdog::disarm(std::uint64_t epoch) {
@@ -107,11 +125,14 @@ void Watchdog::run() {
         ++it;
       }
     }
+    // arm() can only run while this thread waits (it holds mutex_ otherwise).
+    sleepsUntil_ = next;
     if (next == Clock::time_point::max()) {
       wake_.wait(lock);
     } else {
       wake_.wait_until(lock, next);
     }
+    sleepsUntil_ = Clock::time_point::min();
   }
 }
 

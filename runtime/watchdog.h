@@ -41,6 +41,7 @@ class Watchdog {
     Clock::time_point wallDeadline;
     clockid_t cpuClock{};            // CPU clock of the thread running the segment
     std::int64_t cpuDeadlineNs = 0;  // reading of cpuClock at which the CPU limit is reached
+    std::int64_t cpuNowNs = -1;      // reading of cpuClock at the arm, if the caller has one
   };
 
   Watchdog();
@@ -48,6 +49,8 @@ class Watchdog {
   Watchdog(const Watchdog&) = delete;
   Watchdog& operator=(const Watchdog&) = delete;
 
+  // Wakes the watchdog's thread only when this arm's first check comes before the time that
+  // thread already sleeps until (with the default limits, almost never).
   void arm(std::uint64_t epoch, const Arm& arm);
   void disarm(std::uint64_t epoch);
   // Stops the segment armed for `epoch` now, if there is one.
@@ -81,6 +84,8 @@ class Watchdog {
   std::map<std::uint64_t, Arm> arms_;     // by call epoch
   std::map<std::uint64_t, Fired> fired_;  // stopped, not yet disarmed
   bool stop_ = false;
+  // When the thread next looks at the arms on its own (max: only when woken); under mutex_.
+  Clock::time_point sleepsUntil_ = Clock::time_point::min();
   std::thread thread_;
 };
 

@@ -79,6 +79,21 @@ TEST_CASE("the watchdog kills only the segment it was armed for", "[watchdog]") 
     CHECK(killOf(kill) == Kill::cpuLimit);
     watchdog.disarm(5);
   }
+  SECTION("an arm due before the one the watchdog sleeps for still fires by its own deadline") {
+    std::atomic<int> later{0};
+    watchdog.arm(9, Watchdog::Arm{raw.isolate, &later, Watchdog::Clock::now() + 1h, clock, farCpu});
+    std::this_thread::sleep_for(20ms);  // the watchdog now sleeps until the first arm's check
+    watchdog.arm(10, arm(10ms, farCpu));
+    // Without a wake-up it would fire only when the first arm is due, an hour from now.
+    const auto start = Watchdog::Clock::now();
+    while (killOf(kill) == Kill::none && Watchdog::Clock::now() - start < 60s) {
+      std::this_thread::sleep_for(5ms);
+    }
+    CHECK(killOf(kill) == Kill::timeout);
+    CHECK(killOf(later) == Kill::none);
+    watchdog.disarm(10);
+    watchdog.disarm(9);
+  }
   SECTION("a segment told to stop and still armed a grace later is overdue until disarmed") {
     watchdog.arm(7, arm(10s, farCpu));
     CHECK(watchdog.overdue(0ms).empty());  // running, not told to stop

@@ -8,6 +8,7 @@
 #include <boost/json/array.hpp>
 #include <boost/json/object.hpp>
 
+#include <algorithm>
 #include <optional>
 #include <string>
 
@@ -135,11 +136,21 @@ std::optional<OperationRequest> popupRequest(v8::Local<v8::Context> context,
   return OperationRequest{"popup", std::move(request)};
 }
 
+// The arguments the tool passed to a door: the callback's own for the global fetch; after the
+// epoch and the door's index for the native door behind ctx (see kCtxFactory).
+struct DoorArgs {
+  const v8::FunctionCallbackInfo<v8::Value>& info;
+  int first = 0;
+
+  v8::Local<v8::Value> operator[](int i) const { return info[first + i]; }
+  int length() const { return std::max(info.Length() - first, 0); }
+};
+
 // The request of an operation door, or nullopt with an exception pending (or nothing pending if
 // the call is being killed).
 template <Door door>
 std::optional<OperationRequest> operationRequest(v8::Local<v8::Context> context, Sandbox& sandbox,
-                                                 const v8::FunctionCallbackInfo<v8::Value>& info) {
+                                                 const DoorArgs& info) {
   if constexpr (door == Door::globalFetch || door == Door::fetch) {
     auto request = fetchRequest(context, info[0], info[1]);
     if (!request) return std::nullopt;
@@ -174,21 +185,24 @@ std::optional<OperationRequest> operationRequest(v8::Local<v8::Context> context,
   }
 }
 
+// One door. `epoch` is the epoch the ctx was made for (empty for the global fetch, which belongs
+// to whichever call is running).
 template <Door door>
-void onDoor(const v8::FunctionCallbackInfo<v8::Value>& info) {
-  v8::Isolate* isolate = info.GetIsolate();
+void onDoor(const DoorArgs& info, v8::Local<v8::Value> epoch) {
+  v8::Isolate* isolate = info.info.GetIsolate();
   v8::HandleScope scope(isolate);
   v8::Local<v8::Context> context = isolate->GetCurrentContext();
   v8::Local<v8::Promise::Resolver> resolver;
   if (!v8::Promise::Resolver::New(context).ToLocal(&resolver)) return;
-  info.GetReturnValue().Set(resolver->GetPromise());
+  info.info.GetReturnValue().Set(resolver->GetPromise());
 
   Sandbox& sandbox = Sandbox::from(isolate);
   CallState* call = sandbox.currentCall();
-  const bool sameCall = call != nullptr && !call->ended &&
-                        (door == Door::globalFetch ||
-                         (info.Data()->IsNumber() && info.Data().As<v8::Number>()->Value() ==
-                                                         static_cast<double>(call->epoch)));
+  const bool sameCall =
+      call != nullptr && !call->ended &&
+      (door == Door::globalFetch ||
+       (!epoch.IsEmpty() && epoch->IsNumber() &&
+        epoch.As<v8::Number>()->Value() == static_cast<double>(call->epoch)));
   if (!sameCall) {
     reject(context, resolver,
            std::string(doorName(door)) +
@@ -211,7 +225,7 @@ void onDoor(const v8::FunctionCallbackInfo<v8::Value>& info) {
       return;
     }
     if constexpr (door == Door::resolveInvocation) {
-      if (info.Length() < 1 || !info[0]->IsString() ||
+      if (info.length() < 1 || !info[0]->IsString() ||
           static_cast<std::size_t>(info[0].As<v8::String>()->Utf8Length(isolate)) >
               kMaxToolNameBytes) {
         reject(context, resolver,
@@ -225,7 +239,7 @@ void onDoor(const v8::FunctionCallbackInfo<v8::Value>& info) {
       };
     } else {
       auto drafts =
-          toJson(context, info.Length() > 0 ? info[0] : v8::Undefined(isolate).As<v8::Value>(),
+          toJson(context, info.length() > 0 ? info[0] : v8::Undefined(isolate).As<v8::Value>(),
                  sandbox.toJsonOptions("the drafts"));
       if (!drafts) {
         if (drafts.error().kind == ToJsonError::Kind::killed) return;  // the call is ending
@@ -264,6 +278,76 @@ void onDoor(const v8::FunctionCallbackInfo<v8::Value>& info) {
     reject(context, resolver, std::string(doorName(door)) + ": this call has ended", "call-ended");
   }
 }
+
+void onGlobalFetch(const v8::FunctionCallbackInfo<v8::Value>& info) {
+  onDoor<Door::globalFetch>(DoorArgs{info, 0}, {});
+}
+
+// The native door behind every ctx function: (epoch, door index, ...the tool's arguments).
+// Reachable only through the closures kCtxFactory makes.
+void onCtxDoor(const v8::FunctionCallbackInfo<v8::Value>& info) {
+  const DoorArgs args{info, 2};
+  const v8::Local<v8::Value> epoch = info[0];
+  const int index = info[1]->IsInt32() ? info[1].As<v8::Int32>()->Value() : -1;
+  switch (static_cast<Door>(index)) {
+    case Door::fetch:
+      return onDoor<Door::fetch>(args, epoch);
+    case Door::popup:
+      return onDoor<Door::popup>(args, epoch);
+    case Door::secret:
+      return onDoor<Door::secret>(args, epoch);
+    case Door::storageGet:
+      return onDoor<Door::storageGet>(args, epoch);
+    case Door::storageSet:
+      return onDoor<Door::storageSet>(args, epoch);
+    case Door::storageDelete:
+      return onDoor<Door::storageDelete>(args, epoch);
+    case Door::storageList:
+      return onDoor<Door::storageList>(args, epoch);
+    case Door::resolveInvocation:
+      return onDoor<Door::resolveInvocation>(args, epoch);
+    case Door::createSubtasksResult:
+      return onDoor<Door::createSubtasksResult>(args, epoch);
+    case Door::globalFetch:
+      break;
+  }
+  // Only the factory calls this, always with a valid index.
+  info.GetIsolate()->ThrowException(
+      v8::Exception::TypeError(v8String(info.GetIsolate(), "not a door")));
+}
+
+// Compiled and run in each context before any tool code: returns the per-call ctx maker. The
+// door indexes are those of `Door`. Arrow functions: not constructible, named by their keys,
+// `length` as declared; they read nothing the tool could replace (a direct call of a captured
+// binding, no spread), and `freeze` is the original Object.freeze.
+constexpr const char* kCtxFactory = R"JS((function (door) {
+  'use strict';
+  const freeze = Object.freeze;
+  return (epoch, tool) => {
+    const storage = freeze({
+      get: (key) => door(epoch, 4, key),
+      set: (key, value) => door(epoch, 5, key, value),
+      delete: (key) => door(epoch, 6, key),
+      list: () => door(epoch, 7),
+    });
+    return freeze({
+      tool,
+      fetch: (input, init) => door(epoch, 1, input, init),
+      popup: (request) => door(epoch, 2, request),
+      secret: (name) => door(epoch, 3, name),
+      storage,
+      resolveInvocation: (name) => door(epoch, 8, name),
+      createSubtasksResult: (drafts) => door(epoch, 9, drafts),
+    });
+  };
+}))JS";
+static_assert(static_cast<int>(Door::fetch) == 1 && static_cast<int>(Door::popup) == 2 &&
+              static_cast<int>(Door::secret) == 3 && static_cast<int>(Door::storageGet) == 4 &&
+              static_cast<int>(Door::storageSet) == 5 &&
+              static_cast<int>(Door::storageDelete) == 6 &&
+              static_cast<int>(Door::storageList) == 7 &&
+              static_cast<int>(Door::resolveInvocation) == 8 &&
+              static_cast<int>(Door::createSubtasksResult) == 9);
 
 // One console argument as text: strings as they are, data as JSON, anything else described.
 std::string describeForLog(v8::Local<v8::Context> context, v8::Local<v8::Value> value) {
@@ -369,47 +453,46 @@ bool installGlobals(v8::Local<v8::Context> context, Prelude& prelude) {
       .FromMaybe(false);
   global
       ->DefineOwnProperty(context, v8String(isolate, "fetch"),
-                          orEmpty(function(context, &onDoor<Door::globalFetch>, none, 2, "fetch")),
+                          orEmpty(function(context, &onGlobalFetch, none, 2, "fetch")),
                           v8::DontEnum)
       .FromMaybe(false);
   v8::Local<v8::Function> makeResponse;
   if (!installFetchPrelude(context).ToLocal(&makeResponse)) return false;
   prelude.makeResponse.Reset(isolate, makeResponse);
+
+  v8::Local<v8::Function> door, made;
+  if (!function(context, &onCtxDoor, none, 0, "door").ToLocal(&door) ||
+      !runPreludeFactory(context, "toolhost:ctx", kCtxFactory, door).ToLocal(&made)) {
+    return false;
+  }
+  prelude.makeCtx.Reset(isolate, made);
   return true;
 }
 
-v8::MaybeLocal<v8::Object> makeCtx(v8::Local<v8::Context> context, const CallState& call) {
+v8::MaybeLocal<v8::Object> makeCtx(v8::Local<v8::Context> context, const CallState& call,
+                                   Prelude& prelude) {
   v8::Isolate* isolate = context->GetIsolate();
   v8::EscapableHandleScope scope(isolate);
+  if (prelude.tool.IsEmpty()) {
+    v8::Local<v8::Object> tool = v8::Object::New(isolate);
+    if (!fillFrozen(context, tool,
+                    {{"name", v8String(isolate, call.tool->name)},
+                     {"revision", v8String(isolate, call.tool->revision)}})) {
+      return {};
+    }
+    prelude.tool.Reset(isolate, tool);
+  }
   // The epoch binds every function to this call (exact in a double: epochs stay below 2^53).
-  v8::Local<v8::Value> epoch = v8::Number::New(isolate, static_cast<double>(call.epoch));
-  auto door = [&](v8::FunctionCallback callback, int length, const char* name) {
-    return orEmpty(function(context, callback, epoch, length, name));
-  };
-  v8::Local<v8::Object> tool = v8::Object::New(isolate);
-  v8::Local<v8::Object> storage = v8::Object::New(isolate);
-  v8::Local<v8::Object> ctx = v8::Object::New(isolate);
-  const bool ok =
-      fillFrozen(context, tool,
-                 {{"name", v8String(isolate, call.tool->name)},
-                  {"revision", v8String(isolate, call.tool->revision)}}) &&
-      fillFrozen(context, storage,
-                 {{"get", door(&onDoor<Door::storageGet>, 1, "get")},
-                  {"set", door(&onDoor<Door::storageSet>, 2, "set")},
-                  {"delete", door(&onDoor<Door::storageDelete>, 1, "delete")},
-                  {"list", door(&onDoor<Door::storageList>, 0, "list")}}) &&
-      fillFrozen(
-          context, ctx,
-          {{"tool", tool},
-           {"fetch", door(&onDoor<Door::fetch>, 2, "fetch")},
-           {"popup", door(&onDoor<Door::popup>, 1, "popup")},
-           {"secret", door(&onDoor<Door::secret>, 1, "secret")},
-           {"storage", storage},
-           {"resolveInvocation", door(&onDoor<Door::resolveInvocation>, 1, "resolveInvocation")},
-           {"createSubtasksResult",
-            door(&onDoor<Door::createSubtasksResult>, 1, "createSubtasksResult")}});
-  if (!ok) return {};
-  return scope.Escape(ctx);
+  v8::Local<v8::Value> argv[] = {v8::Number::New(isolate, static_cast<double>(call.epoch)),
+                                 prelude.tool.Get(isolate)};
+  v8::Local<v8::Value> ctx;
+  if (!prelude.makeCtx.Get(isolate)
+           ->Call(context, v8::Undefined(isolate), 2, argv)
+           .ToLocal(&ctx) ||
+      !ctx->IsObject()) {
+    return {};
+  }
+  return scope.Escape(ctx.As<v8::Object>());
 }
 
 }  // namespace toolhost::runtime

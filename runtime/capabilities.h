@@ -5,7 +5,11 @@
 // ctx = frozen {tool: {name, revision}, fetch, popup, secret, storage: {get, set, delete, list},
 //               resolveInvocation, createSubtasksResult}
 // Every ctx function is bound to its call's epoch: used after that call ended (a ctx kept in
-// module state), it rejects with code "call-ended" and nothing reaches the host. The global
+// module state), it rejects with code "call-ended" and nothing reaches the host. The ctx is made
+// per call by a small factory compiled into the context before any tool code (so it holds the
+// original Object.freeze): its functions are arrow closures over the call's epoch that forward
+// to one native door, which only the factory can reach and which checks the epoch against the
+// running call in C++. (A JavaScript closure costs far less than a v8::Function::New per door.) The global
 // `fetch` behaves as ctx.fetch of whichever call is running. resolveInvocation and
 // createSubtasksResult need `capabilities.subtasks: true` and are quick requests to the
 // CapabilityHost; everything else is an operation, CapabilityHost::startOperation(kind, request),
@@ -72,6 +76,14 @@ class Sandbox;
 // original intrinsics whatever the tool later does to the globals).
 struct Prelude {
   v8::Global<v8::Function> makeResponse;  // (status, statusText, url, headers, body) -> Response
+  v8::Global<v8::Function> makeCtx;       // (epoch, tool) -> frozen ctx
+  v8::Global<v8::Object> tool;            // frozen {name, revision}, made by the first makeCtx
+
+  void reset() {
+    makeResponse.Reset();
+    makeCtx.Reset();
+    tool.Reset();
+  }
 };
 
 // How an operation's reply becomes the value its promise resolves to.
@@ -84,8 +96,10 @@ enum class ReplyKind {
 // console and fetch, and runs the prelude. False only if V8 refused (out of memory).
 bool installGlobals(v8::Local<v8::Context> context, Prelude& prelude);
 
-// A fresh, frozen ctx for `call`. Empty only if the isolate is being terminated.
-v8::MaybeLocal<v8::Object> makeCtx(v8::Local<v8::Context> context, const CallState& call);
+// A fresh, frozen ctx for `call` (its `tool` member is the same frozen object in every call of
+// the context). Empty only if the isolate is being terminated.
+v8::MaybeLocal<v8::Object> makeCtx(v8::Local<v8::Context> context, const CallState& call,
+                                   Prelude& prelude);
 
 // The value an operation's reply settles its promise with, or the failure to reject it with
 // (the sandbox may have been killed meanwhile, e.g. by the ArrayBuffer limit: check kill()).

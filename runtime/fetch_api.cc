@@ -416,32 +416,43 @@ void throwInvalidArgument(v8::Local<v8::Context> context, std::string_view messa
       makeHostError(context, message, "invalid-argument", /*typeError=*/true));
 }
 
-v8::MaybeLocal<v8::Function> installFetchPrelude(v8::Local<v8::Context> context) {
+v8::MaybeLocal<v8::Function> runPreludeFactory(v8::Local<v8::Context> context, const char* name,
+                                               const char* source, v8::Local<v8::Value> argument) {
   v8::Isolate* isolate = context->GetIsolate();
   v8::EscapableHandleScope scope(isolate);
   v8::TryCatch tryCatch(isolate);
-  v8::ScriptOrigin origin(isolate, v8String(isolate, "toolhost:fetch"));
-  v8::ScriptCompiler::Source source(v8String(isolate, kPrelude), origin);
+  v8::ScriptOrigin origin(isolate, v8String(isolate, name));
+  v8::ScriptCompiler::Source compilerSource(v8String(isolate, source), origin);
   v8::Local<v8::Script> script;
   v8::Local<v8::Value> factory, made;
-  v8::Local<v8::Function> decode;
-  if (!v8::ScriptCompiler::Compile(context, &source).ToLocal(&script) ||
+  v8::Local<v8::Value> argv[] = {argument};
+  if (!v8::ScriptCompiler::Compile(context, &compilerSource).ToLocal(&script) ||
       !script->Run(context).ToLocal(&factory) || !factory->IsFunction() ||
-      !v8::Function::New(context, &onUtf8Decode, v8::Local<v8::Value>(), 1,
+      !factory.As<v8::Function>()->Call(context, v8::Undefined(isolate), 1, argv).ToLocal(&made) ||
+      !made->IsFunction()) {
+    return {};
+  }
+  return scope.Escape(made.As<v8::Function>());
+}
+
+v8::MaybeLocal<v8::Function> installFetchPrelude(v8::Local<v8::Context> context) {
+  v8::Isolate* isolate = context->GetIsolate();
+  v8::EscapableHandleScope scope(isolate);
+  v8::Local<v8::Function> decode;
+  if (!v8::Function::New(context, &onUtf8Decode, v8::Local<v8::Value>(), 1,
                          v8::ConstructorBehavior::kThrow)
            .ToLocal(&decode)) {
     return {};
   }
   decode->SetName(v8String(isolate, "utf8Decode"));
   v8::Local<v8::Object> natives = v8::Object::New(isolate);
-  v8::Local<v8::Value> argv[] = {natives};
+  v8::Local<v8::Function> made;
   if (!natives->CreateDataProperty(context, v8String(isolate, "utf8Decode"), decode)
            .FromMaybe(false) ||
-      !factory.As<v8::Function>()->Call(context, v8::Undefined(isolate), 1, argv).ToLocal(&made) ||
-      !made->IsFunction()) {
+      !runPreludeFactory(context, "toolhost:fetch", kPrelude, natives).ToLocal(&made)) {
     return {};
   }
-  return scope.Escape(made.As<v8::Function>());
+  return scope.Escape(made);
 }
 
 std::optional<json::object> fetchRequest(v8::Local<v8::Context> context, v8::Local<v8::Value> input,

@@ -33,6 +33,12 @@ void throwInvalidArgument(v8::Local<v8::Context> context, std::string_view messa
 // Empty only if V8 refused (out of memory).
 v8::MaybeLocal<v8::Function> installFetchPrelude(v8::Local<v8::Context> context);
 
+// Compiles and runs `source` (a script whose value is a factory function) in `context`, then
+// calls the factory with `argument`; returns what it made, which must be a function. For code
+// that runs before any tool code. Empty if V8 refused or the script misbehaved.
+v8::MaybeLocal<v8::Function> runPreludeFactory(v8::Local<v8::Context> context, const char* name,
+                                               const char* source, v8::Local<v8::Value> argument);
+
 // fetch(input, init) as the request handed to the host. Empty with an exception pending: a
 // TypeError (code "invalid-argument") naming what is wrong, an Error with code
 // "request-too-large", whatever a getter or iterator of the tool threw, or termination.

@@ -108,7 +108,7 @@ Sandbox::Sandbox(registry::ToolRevisionPtr tool, SandboxSettings settings, Watch
     installed = installGlobals(context, prelude_);
     if (!installed) {
       context_.Reset();
-      prelude_.makeResponse.Reset();
+      prelude_.reset();
     }
   }
   if (!installed) {
@@ -125,7 +125,7 @@ Sandbox::~Sandbox() {
     v8::Locker locker(isolate_);
     v8::Isolate::Scope isolateScope(isolate_);
     pending_.clear();
-    prelude_.makeResponse.Reset();
+    prelude_.reset();
     promise_.Reset();
     value_.Reset();
     main_.Reset();
@@ -250,7 +250,7 @@ Sandbox::Step Sandbox::start(const json::object& arguments) {
     v8::Local<v8::Value> args;
     v8::Local<v8::Object> ctx;
     if (!fromJson(js.context, json::value(arguments)).ToLocal(&args) ||
-        !makeCtx(js.context, js.call).ToLocal(&ctx)) {
+        !makeCtx(js.context, js.call, prelude_).ToLocal(&ctx)) {
       return Step{Progress::failed,
                   CallError{CallErrc::memoryLimit, "the arguments do not fit in the sandbox", {}}};
     }

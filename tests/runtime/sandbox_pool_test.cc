@@ -307,6 +307,45 @@ TEST_CASE("a ctx kept in module state rejects in later calls", "[pool][ctx]") {
   CHECK(f.host.operations().empty());  // nothing of the stale ctx reached the host
 }
 
+TEST_CASE("each call gets its own ctx, and a stale one's functions reject even taken apart",
+          "[pool][ctx]") {
+  PoolFixture f;
+  json::object subtasks{{"capabilities", json::object{{"subtasks", true}}}};
+  // The tool replaces Object.freeze and Function.prototype.apply before its first call: the ctx is
+  // made by code that captured the originals, so nothing of that reaches it.
+  auto tool = makeTool(R"(Object.freeze = (o) => o;
+      Function.prototype.apply = () => 'hijacked';
+      let saved, resolve;
+      export default async (args, ctx) => {
+        if (!saved) { saved = ctx; resolve = ctx.resolveInvocation; return 'saved'; }
+        const codes = [];
+        for (const f of [() => resolve('x'), () => saved.storage.list.call(null),
+                         () => (0, saved.storage.get)('k')]) {
+          try { await f(); codes.push('resolved'); } catch (e) { codes.push(e.code); }
+        }
+        let construct;
+        try { new ctx.fetch('x'); construct = 'constructed'; } catch (e) { construct = e.name; }
+        const added = (() => { try { ctx.extra = 1; return 'extra' in ctx; } catch (e) { return e.name; } })();
+        return {codes, construct, added,
+                distinct: saved !== ctx && saved.fetch !== ctx.fetch && saved.storage !== ctx.storage,
+                frozen: [Object.isFrozen(ctx), Object.isFrozen(ctx.tool), Object.isFrozen(ctx.storage)],
+                names: [ctx.fetch.name, ctx.storage.delete.name, ctx.createSubtasksResult.name],
+                lengths: [ctx.fetch.length, ctx.storage.set.length, ctx.storage.list.length],
+                fresh: (await ctx.resolveInvocation('y')).toolRevision};
+      })",
+                       subtasks);
+  REQUIRE(*f.call(tool).result == "saved");
+  auto outcome = f.call(tool);
+  INFO(describe(outcome));
+  REQUIRE(outcome.result);
+  CHECK(*outcome.result == json::parse(R"({"codes":["call-ended","call-ended","call-ended"],
+      "construct":"TypeError","added":"TypeError","distinct":true,"frozen":[true,true,true],
+      "names":["fetch","delete","createSubtasksResult"],"lengths":[2,2,0],
+      "fresh":"sha256:resolved-y"})"));
+  CHECK(f.host.resolved == std::vector<std::string>{"test-tool -> y"});
+  CHECK(f.host.operations().empty());
+}
+
 TEST_CASE("console output is collected per call and bounded", "[pool][console]") {
   RuntimeConfig config = testConfig();
   config.maxLogBytes = 1024;

@@ -36,6 +36,7 @@
 #include <set>
 #include <stdexcept>
 #include <thread>
+#include <tuple>
 #include <unordered_map>
 
 extern char** environ;
@@ -223,9 +224,15 @@ struct Process : std::enable_shared_from_this<Process> {
     bool paused = false;
   };
   std::map<std::uint64_t, Op> ops;
-  // What the host last said it retains, and when.
-  std::vector<SandboxInfo> sandboxes;
-  Clock::time_point sandboxesAt = Clock::now();
+  // What the host said it retains (the changes it sent, applied in order), by revision.
+  struct KnownSandbox {
+    SandboxInfo info;
+    Clock::time_point lastUsed;  // when its row was reported, less its idleMs
+    std::uint64_t order = 0;     // ties in lastUsed: the later report is the later use
+  };
+  std::unordered_map<std::string, KnownSandbox> sandboxes;
+  std::uint64_t sandboxReports = 0;
+  void applySandboxChanges(const json::object& changes);
   // Tools the host has cached, most recently used first.
   std::list<std::string> toolOrder;
   std::unordered_map<std::string, std::list<std::string>::iterator> toolsSent;
@@ -395,6 +402,18 @@ void OperationProxy::onAbort(std::function<void()> abort) {
   } catch (const std::exception& e) {
     spdlog::error("runtime: aborting a host operation threw: {}", e.what());
   }
+}
+
+void Process::applySandboxChanges(const json::object& changes) {
+  auto [updated, removed] = ipc::changesFromJson(changes);
+  const auto now = Clock::now();
+  for (auto& info : updated) {
+    KnownSandbox& known = sandboxes[info.revision];
+    known.lastUsed = now - milliseconds(info.idleMs);
+    known.order = ++sandboxReports;
+    known.info = std::move(info);
+  }
+  for (const auto& revision : removed) sandboxes.erase(revision);
 }
 
 void Process::opPaused(std::uint64_t op) {
@@ -825,6 +844,10 @@ void ProcessSandboxPool::Impl::handle(const std::shared_ptr<Process>& process,
     PendingCall call;
     {
       std::lock_guard lock(process->mutex);
+      if (const auto* changes = message.if_contains("sandboxes")) {
+        if (!changes->is_object()) throw ipc::ProtocolError("\"sandboxes\" is not an object");
+        process->applySandboxChanges(changes->get_object());
+      }
       auto found = process->calls.find(ipc::uintField(message, "id"));
       if (found == process->calls.end()) return;
       call = std::move(found->second);
@@ -838,16 +861,8 @@ void ProcessSandboxPool::Impl::handle(const std::shared_ptr<Process>& process,
     }
     call.deliver(nullptr, ipc::outcomeFromJson(ipc::objectField(message, "outcome")));
   } else if (type == "sandboxes") {
-    std::vector<SandboxInfo> list;
-    const auto& given = ipc::field(message, "list");
-    if (!given.is_array()) throw ipc::ProtocolError("\"list\" is not an array");
-    for (const auto& info : given.get_array()) {
-      if (!info.is_object()) throw ipc::ProtocolError("a sandbox is not an object");
-      list.push_back(ipc::infoFromJson(info.get_object()));
-    }
     std::lock_guard lock(process->mutex);
-    process->sandboxes = std::move(list);
-    process->sandboxesAt = Clock::now();
+    process->applySandboxChanges(message);
   } else if (type == "stalled") {
     std::map<std::uint64_t, CallError> verdicts;
     std::string names;
@@ -1115,7 +1130,12 @@ asio::awaitable<CallOutcome> ProcessSandboxPool::call(registry::ToolRevisionPtr 
 
 std::vector<SandboxInfo> ProcessSandboxPool::list() const {
   const auto now = Clock::now();
-  std::vector<std::pair<Clock::time_point, SandboxInfo>> rows;
+  struct Row {
+    Clock::time_point lastUsed;
+    std::uint64_t order;
+    SandboxInfo info;
+  };
+  std::vector<Row> rows;
   std::lock_guard lock(impl_->mutex);
   for (const auto& slot : impl_->slots) {
     if (!slot.process) continue;
@@ -1126,26 +1146,26 @@ std::vector<SandboxInfo> ProcessSandboxPool::list() const {
     for (const auto& [id, call] : process.calls) {
       if (!call.ownSandbox) running.emplace(call.tool->revision, &call);
     }
-    for (const auto& known : process.sandboxes) {
-      SandboxInfo info = known;
-      const auto lastUsed = process.sandboxesAt - milliseconds(known.idleMs);
-      info.busy = known.busy || running.erase(known.revision) > 0;
-      info.idleMs = info.busy ? 0 : millisBetween(lastUsed, now);
-      rows.emplace_back(lastUsed, std::move(info));
+    for (const auto& [revision, known] : process.sandboxes) {
+      SandboxInfo info = known.info;
+      info.busy = info.busy || running.erase(revision) > 0;
+      info.idleMs = info.busy ? 0 : millisBetween(known.lastUsed, now);
+      rows.push_back({known.lastUsed, known.order, std::move(info)});
     }
     for (const auto& [revision, call] : running) {  // first calls, still running
       SandboxInfo info;
       info.revision = revision;
       info.name = call->tool->name;
       info.busy = true;
-      rows.emplace_back(now, std::move(info));
+      rows.push_back({now, ~std::uint64_t{0}, std::move(info)});
     }
   }
-  std::stable_sort(rows.begin(), rows.end(),
-                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::stable_sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) {
+    return std::tie(a.lastUsed, a.order) < std::tie(b.lastUsed, b.order);
+  });
   std::vector<SandboxInfo> out;
   out.reserve(rows.size());
-  for (auto& row : rows) out.push_back(std::move(row.second));
+  for (auto& row : rows) out.push_back(std::move(row.info));
   return out;
 }
 
@@ -1156,8 +1176,7 @@ bool ProcessSandboxPool::terminate(const std::string& revision) {
   std::lock_guard processLock(process->mutex);
   if (process->ended) return false;
   auto& known = process->sandboxes;
-  auto found = std::find_if(known.begin(), known.end(),
-                            [&](const SandboxInfo& info) { return info.revision == revision; });
+  auto found = known.find(revision);
   bool running = false;
   for (const auto& [id, call] : process->calls) {
     running = running || (!call.ownSandbox && call.tool->revision == revision);
@@ -1174,8 +1193,7 @@ void ProcessSandboxPool::discard(const std::string& revision) {
   if (!process) return;
   std::lock_guard processLock(process->mutex);
   if (process->ended) return;
-  std::erase_if(process->sandboxes,
-                [&](const SandboxInfo& info) { return info.revision == revision; });
+  process->sandboxes.erase(revision);
   process->channel->send(json::object{{"t", "discard"}, {"revision", revision}});
 }
 

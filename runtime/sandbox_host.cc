@@ -379,8 +379,11 @@ class HostSide {
       calls_.erase(found);
     }
     reported_.erase(id);
-    sendSandboxes();  // first, so that the daemon's list is current when the call returns
     json::object message{{"t", "result"}, {"id", id}};
+    // With the result, so that the daemon's list is current when the call returns.
+    if (auto changes = ipc::changesToJson(pool_->changes()); !changes.empty()) {
+      message["sandboxes"] = std::move(changes);
+    }
     if (error) {
       std::string what = "an unknown exception";
       try {
@@ -398,9 +401,10 @@ class HostSide {
   }
 
   void sendSandboxes() {
-    json::array list;
-    for (const auto& info : pool_->list()) list.push_back(ipc::infoToJson(info));
-    channel_->send(json::object{{"t", "sandboxes"}, {"list", std::move(list)}});
+    json::object message = ipc::changesToJson(pool_->changes());
+    if (message.empty()) return;
+    message["t"] = "sandboxes";
+    channel_->send(message);
   }
 
   // While calls run, asks the pool every poll_ for calls that did not stop within the grace.

@@ -212,6 +212,13 @@ struct SandboxPool::Impl {
   std::set<std::shared_ptr<CallJob>> jobs;
   bool stopping = false;
   std::atomic<std::uint64_t> nextEpoch{1};
+  // Revisions whose row in list() changed since changes(), once a consumer asked for them.
+  bool trackingChanges = false;
+  std::set<std::string> changed;
+
+  void changedLocked(const std::string& revision) {
+    if (trackingChanges) changed.insert(revision);
+  }
 
   WorkerThreads workers;  // last: joined first
 
@@ -376,6 +383,7 @@ std::variant<CallOutcome, std::shared_ptr<CallJob>> SandboxPool::Impl::admit(
                         std::to_string(slot->pending) + " calls running or waiting");
     }
     job->slot = slot;
+    changedLocked(tool->revision);  // now busy
   }
   ++job->slot->pending;
   jobs.insert(job);
@@ -582,6 +590,7 @@ void SandboxPool::Impl::finish(const std::shared_ptr<CallJob>& job, std::excepti
     Slot& slot = *job->slot;
     --slot.pending;
     jobs.erase(job);
+    if (!job->disposable) changedLocked(slot.revision);
     if (job->ran) {
       ++slot.calls;
       slot.lastUsed = Clock::now();
@@ -631,34 +640,68 @@ void SandboxPool::Impl::evictLocked() {
     spdlog::debug("runtime: evicting the idle sandbox of {} ({})", slot->name, slot->revision);
     retained.erase(slot->revision);
     slot->retained = false;
+    changedLocked(slot->revision);
     --count;
     heap -= slot->heapBytes;
     disposeLocked(slot);
   }
 }
 
+namespace {
+
+SandboxInfo infoOf(const Slot& slot, Clock::time_point now) {
+  SandboxInfo info;
+  info.revision = slot.revision;
+  info.name = slot.name;
+  info.calls = slot.calls;
+  info.heapBytes = slot.heapBytes;
+  info.busy = slot.pending > 0;
+  info.idleMs =
+      info.busy
+          ? 0
+          : std::chrono::duration_cast<std::chrono::milliseconds>(now - slot.lastUsed).count();
+  return info;
+}
+
+// Rows least recently used first.
+std::vector<SandboxInfo> byLastUse(std::vector<const Slot*> slots, Clock::time_point now) {
+  std::sort(slots.begin(), slots.end(),
+            [](const Slot* a, const Slot* b) { return a->lastUsed < b->lastUsed; });
+  std::vector<SandboxInfo> out;
+  out.reserve(slots.size());
+  for (const Slot* slot : slots) out.push_back(infoOf(*slot, now));
+  return out;
+}
+
+}  // namespace
+
 std::vector<SandboxInfo> SandboxPool::list() const {
   std::lock_guard lock(impl_->mutex);
-  std::vector<std::pair<Clock::time_point, SandboxInfo>> rows;
-  const auto now = Clock::now();
-  for (const auto& [revision, slot] : impl_->retained) {
-    SandboxInfo info;
-    info.revision = slot->revision;
-    info.name = slot->name;
-    info.calls = slot->calls;
-    info.heapBytes = slot->heapBytes;
-    info.busy = slot->pending > 0;
-    info.idleMs =
-        info.busy
-            ? 0
-            : std::chrono::duration_cast<std::chrono::milliseconds>(now - slot->lastUsed).count();
-    rows.emplace_back(slot->lastUsed, std::move(info));
+  std::vector<const Slot*> slots;
+  slots.reserve(impl_->retained.size());
+  for (const auto& [revision, slot] : impl_->retained) slots.push_back(slot.get());
+  return byLastUse(std::move(slots), Clock::now());
+}
+
+SandboxPool::Changes SandboxPool::changes() {
+  std::lock_guard lock(impl_->mutex);
+  std::vector<const Slot*> slots;
+  Changes out;
+  if (!impl_->trackingChanges) {
+    impl_->trackingChanges = true;
+    for (const auto& [revision, slot] : impl_->retained) slots.push_back(slot.get());
+  } else {
+    for (const auto& revision : impl_->changed) {
+      auto found = impl_->retained.find(revision);
+      if (found == impl_->retained.end()) {
+        out.removed.push_back(revision);
+      } else {
+        slots.push_back(found->second.get());
+      }
+    }
+    impl_->changed.clear();
   }
-  std::sort(rows.begin(), rows.end(),
-            [](const auto& a, const auto& b) { return a.first < b.first; });
-  std::vector<SandboxInfo> out;
-  out.reserve(rows.size());
-  for (auto& row : rows) out.push_back(std::move(row.second));
+  out.updated = byLastUse(std::move(slots), Clock::now());
   return out;
 }
 
@@ -671,6 +714,7 @@ bool SandboxPool::terminate(const std::string& revision) {
     auto slot = found->second;
     impl_->retained.erase(found);
     slot->retained = false;
+    impl_->changedLocked(revision);
     if (slot->pending == 0) {
       impl_->disposeLocked(slot);
     } else {
@@ -701,6 +745,7 @@ void SandboxPool::discard(const std::string& revision) {
   auto slot = found->second;
   impl_->retained.erase(found);
   slot->retained = false;
+  impl_->changedLocked(revision);
   if (slot->pending == 0) impl_->disposeLocked(slot);
 }
 

@@ -75,6 +75,19 @@ class SandboxPool final : public ToolRunner {
   // process ends it. Any thread.
   std::vector<StalledCall> stalled(std::chrono::milliseconds grace) const;
 
+  // What changed in list() since the previous changes(): the rows added or updated (a call of
+  // the revision was admitted or ended), least recently used first, and the revisions no longer
+  // retained (evicted, terminated, discarded, a first call that failed). Applied in order to an
+  // empty list, the results rebuild list() apart from idleMs, which a row keeps from when it was
+  // reported. Costs O(changes), not O(retained). Tracking starts with the first call, which
+  // returns every row. For one consumer (the sandbox host mirrors its list to the daemon); any
+  // thread.
+  struct Changes {
+    std::vector<SandboxInfo> updated;
+    std::vector<std::string> removed;
+  };
+  Changes changes();
+
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;

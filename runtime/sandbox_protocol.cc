@@ -220,6 +220,35 @@ SandboxInfo infoFromJson(const json::object& json) {
   return info;
 }
 
+json::object changesToJson(const SandboxPool::Changes& changes) {
+  if (changes.updated.empty() && changes.removed.empty()) return {};
+  json::array updated;
+  updated.reserve(changes.updated.size());
+  for (const auto& info : changes.updated) updated.push_back(infoToJson(info));
+  json::array removed;
+  removed.reserve(changes.removed.size());
+  for (const auto& revision : changes.removed) removed.push_back(json::string(revision));
+  return json::object{{"updated", std::move(updated)}, {"removed", std::move(removed)}};
+}
+
+SandboxPool::Changes changesFromJson(const json::object& json) {
+  SandboxPool::Changes out;
+  const auto& updated = field(json, "updated");
+  const auto& removed = field(json, "removed");
+  if (!updated.is_array() || !removed.is_array()) {
+    throw ProtocolError("\"updated\" or \"removed\" is not an array");
+  }
+  for (const auto& info : updated.get_array()) {
+    if (!info.is_object()) throw ProtocolError("a sandbox is not an object");
+    out.updated.push_back(infoFromJson(info.get_object()));
+  }
+  for (const auto& revision : removed.get_array()) {
+    if (!revision.is_string()) throw ProtocolError("a removed revision is not a string");
+    out.removed.emplace_back(revision.get_string());
+  }
+  return out;
+}
+
 std::optional<CallErrc> callErrcFromName(std::string_view name) {
   for (auto code : kErrcs) {
     if (callErrcName(code) == name) return code;

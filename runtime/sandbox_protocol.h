@@ -32,9 +32,11 @@
 //
 // Host -> daemon
 //   started     {t, id}             call `id` has its sandbox: its wall clock runs from now
-//   result      {t, id, outcome: Outcome} | {t, id, exception: string (a bug in the host)}
-//   sandboxes   {t, list: [SandboxInfo]}    the retained sandboxes now (SandboxPool::list);
-//                                           sent before every result and after terminate/discard
+//   result      {t, id, outcome: Outcome, sandboxes?: Changes} |
+//               {t, id, exception: string (a bug in the host), sandboxes?: Changes}
+//               `sandboxes` (applied before the outcome is delivered) keeps the daemon's copy of
+//               the retained-sandbox list current when the call returns
+//   sandboxes   {t, updated, removed}   Changes, after terminate/discard
 //   stalled     {t, calls: [{id, reason: "timeout" | "cpu-limit" | "memory-limit" |
 //                "array-buffer-limit" | "cancelled"}]}
 //               calls told to stop at least killGraceMs ago whose thread is still inside V8
@@ -51,6 +53,9 @@
 //   Outcome      {revision, logs, usage: {wallMs, cpuMs, heapPeakBytes, freshSandbox},
 //                 value: any} | {..., error: {code: callErrcName(), detail, toolError?}}
 //   SandboxInfo  {revision, name, calls, heapBytes, idleMs, busy}
+//   Changes      {updated: [SandboxInfo], removed: [revision]}   SandboxPool::changes() since the
+//                last Changes sent: rows to add or replace (least recently used first), then
+//                revisions to drop. The first one the host sends lists every row.
 //   RuntimeConfig  every field of runtime::RuntimeConfig under its C++ name; defaults and caps
 //                  as CallLimits.
 #pragma once
@@ -58,6 +63,7 @@
 #include "registry/registry.h"
 #include "runtime/call_outcome.h"
 #include "runtime/limits.h"
+#include "runtime/sandbox_pool.h"
 #include "runtime/tool_runner.h"
 #include "runtime/watchdog.h"
 
@@ -110,6 +116,10 @@ CallOutcome outcomeFromJson(const boost::json::object& json);
 
 boost::json::object infoToJson(const SandboxInfo& info);
 SandboxInfo infoFromJson(const boost::json::object& json);
+
+// Changes (above). Empty when nothing changed.
+boost::json::object changesToJson(const SandboxPool::Changes& changes);
+SandboxPool::Changes changesFromJson(const boost::json::object& json);
 
 std::optional<CallErrc> callErrcFromName(std::string_view name);
 std::string_view killName(Kill reason);

@@ -701,6 +701,71 @@ TEST_CASE("list, terminate and discard reach the process of the revision", "[pro
   }
 }
 
+TEST_CASE("the daemon's list follows the host's evictions, failures and terminations",
+          "[process][evict]") {
+  RuntimeConfig config = processConfig(2);
+  config.maxRetained = 2;  // per host
+  ProcessFixture f(config);
+  // Revisions go to a process by their hash: group what each process got, in call order.
+  std::vector<toolhost::registry::ToolRevisionPtr> tools;
+  for (int i = 0; i < 8; ++i) {
+    tools.push_back(withRevision(counterTool("evict-" + std::to_string(i)),
+                                 "sha256:evict-" + std::to_string(i)));
+    REQUIRE(*f.call(tools.back()).result == 1);
+  }
+  auto revisions = [&] {
+    std::set<std::string> out;
+    for (const auto& info : f.pool->list()) out.insert(info.revision);
+    return out;
+  };
+  // Each host keeps its 2 most recently used, and a call finds its sandbox exactly when the
+  // list said it was retained.
+  CHECK(revisions().size() <= 4);
+  for (const auto& tool : tools) {
+    INFO(tool->revision);
+    const bool retained = revisions().contains(tool->revision);
+    auto again = f.call(tool);
+    REQUIRE(again.result);
+    CHECK(again.usage.freshSandbox == !retained);
+    CHECK(revisions().contains(tool->revision));
+  }
+  // A failed first call leaves no row; a tool that throws keeps its row with its calls counted.
+  auto broken = withRevision(
+      makeTool("throw new Error('no module'); export default () => 1", {}, {}, "broken"),
+      "sha256:evict-broken");
+  CHECK_FALSE(f.call(broken).result);
+  CHECK_FALSE(revisions().contains(broken->revision));
+  auto thrower =
+      withRevision(makeTool("export default () => { throw new Error('no'); }", {}, {}, "thrower"),
+                   "sha256:evict-thrower");
+  CHECK_FALSE(f.call(thrower).result);
+  CHECK_FALSE(f.call(thrower).result);
+  bool found = false;
+  for (const auto& info : f.pool->list()) {
+    if (info.revision != thrower->revision) continue;
+    found = true;
+    CHECK(info.calls == 2);
+    CHECK_FALSE(info.busy);
+  }
+  CHECK(found);
+  // Terminate and discard everything listed; the list stays empty after the hosts answered.
+  for (const auto& revision : revisions()) {
+    CHECK(f.pool->terminate(revision));
+  }
+  CHECK(revisions().empty());
+  auto last = f.call(tools[0]);
+  auto other = f.call(tools[1]);
+  REQUIRE(last.result);
+  REQUIRE(other.result);
+  CHECK(last.usage.freshSandbox);
+  CHECK(revisions() == std::set<std::string>{tools[0]->revision, tools[1]->revision});
+  f.pool->discard(tools[0]->revision);
+  f.pool->discard(tools[1]->revision);
+  CHECK(revisions().empty());
+  CHECK(f.call(thrower).usage.freshSandbox);
+  CHECK(revisions() == std::set<std::string>{thrower->revision});
+}
+
 TEST_CASE("many concurrent calls across two processes", "[process][threads]") {
   ProcessFixture f(processConfig(2));
   std::vector<toolhost::registry::ToolRevisionPtr> tools;

@@ -6,6 +6,7 @@
 
 #include <boost/json/parse.hpp>
 
+#include <map>
 #include <thread>
 
 using namespace toolhost::runtime;
@@ -560,6 +561,73 @@ TEST_CASE("discard and terminate end a revision's sandbox", "[pool]") {
     CHECK(*out->result == 1);
     CHECK(*f.call(slow, {{"ms", 0}}).result == 1);
   }
+}
+
+TEST_CASE("changes() replayed in order rebuild list() through evictions and terminations",
+          "[pool][evict]") {
+  RuntimeConfig config = testConfig();
+  config.maxRetained = 2;
+  PoolFixture f(config);
+  std::map<std::string, SandboxInfo> mirror;
+  auto replay = [&] {
+    auto [updated, removed] = f.pool.changes();
+    for (auto& info : updated) mirror[info.revision] = info;
+    for (const auto& revision : removed) mirror.erase(revision);
+    return updated.size() + removed.size();
+  };
+  auto matches = [&] {
+    auto list = f.pool.list();
+    if (list.size() != mirror.size()) return false;
+    for (const auto& info : list) {
+      auto found = mirror.find(info.revision);
+      if (found == mirror.end()) return false;
+      const SandboxInfo& known = found->second;
+      if (known.name != info.name || known.calls != info.calls ||
+          known.heapBytes != info.heapBytes || known.busy != info.busy) {
+        return false;
+      }
+    }
+    return true;
+  };
+  auto a = makeTool("let n = 0; export default () => ++n", {}, {}, "tool-a");
+  auto b = makeTool("let n = 0; export default () => ++n", {}, {}, "tool-b");
+  auto c = makeTool("let n = 0; export default () => ++n", {}, {}, "tool-c");
+  auto broken = makeTool("throw new Error('no module'); export default () => 1", {}, {}, "broken");
+
+  f.call(a);
+  CHECK(replay() == 1);  // the first call lists every row
+  CHECK(matches());
+  CHECK(replay() == 0);  // nothing happened since
+  f.call(b);
+  f.call(a);
+  CHECK(replay() == 2);
+  CHECK(matches());
+  f.call(c);  // evicts b, the least recently used
+  CHECK(replay() == 2);
+  CHECK(mirror.size() == 2);
+  CHECK_FALSE(mirror.contains(b->revision));
+  CHECK(matches());
+  f.call(a, {}, disposable());  // a disposable call changes no row
+  CHECK(replay() == 0);
+  CHECK(!f.call(broken).result);  // a failed first call retains nothing (and evicted a)
+  replay();
+  CHECK_FALSE(mirror.contains(broken->revision));
+  CHECK(matches());
+  f.call(a);
+  replay();
+  REQUIRE(mirror.size() == 2);
+  CHECK(matches());
+  CHECK(f.pool.terminate(a->revision));
+  f.pool.discard(c->revision);
+  CHECK(replay() == 2);
+  CHECK(mirror.empty());
+  CHECK(matches());
+  f.call(b);
+  f.call(b);
+  replay();
+  REQUIRE(mirror.size() == 1);
+  CHECK(mirror.at(b->revision).calls == 2);
+  CHECK(matches());
 }
 
 TEST_CASE("limits: the manifest's, tightened by the request, capped by the daemon",

@@ -223,6 +223,7 @@ auto Sandbox::segment(Body&& body) -> decltype(body(std::declval<JsScope&>())) {
   call.cpuUsedNs += Watchdog::cpuNowNs(cpuClock) - cpuStart;
   call.heapPeakBytes =
       std::max<std::uint64_t>(call.heapPeakBytes, heap.used_heap_size() + allocator_->peak());
+  usedHeapAfterSegment_ = heap.used_heap_size();
   return out;
 }
 
@@ -239,6 +240,7 @@ void Sandbox::drain(JsScope& js) {
 void Sandbox::beginCall(std::shared_ptr<CallState> call) {
   call_ = std::move(call);
   allocator_->resetPeak();
+  usedHeapAfterSegment_.reset();
 }
 
 Sandbox::Step Sandbox::start(const json::object& arguments) {
@@ -345,9 +347,16 @@ void Sandbox::endCall() {
     pending_.clear();
     promise_.Reset();
     value_.Reset();
-    v8::HeapStatistics heap;
-    isolate_->GetHeapStatistics(&heap);
-    heapBytes_ = heap.used_heap_size() + allocator_->used();
+    // GetHeapStatistics walks every space and page: skip it when the last segment just did.
+    std::size_t used = 0;
+    if (usedHeapAfterSegment_) {
+      used = *usedHeapAfterSegment_;
+    } else {
+      v8::HeapStatistics heap;
+      isolate_->GetHeapStatistics(&heap);
+      used = heap.used_heap_size();
+    }
+    heapBytes_ = used + allocator_->used();
   }
   if (call_) {
     // Operations still outstanding are aborted, outside every V8 lock: the host cancels its I/O

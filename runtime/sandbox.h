@@ -128,6 +128,9 @@ class Sandbox {
   std::atomic<int> kill_{0};
   bool heapLimitRaised_ = false;  // by nearHeapLimit, on the isolate's thread
   std::uint64_t heapBytes_ = 0;
+  // V8's used heap as the call's last segment ended, for endCall (no JavaScript runs between
+  // them, so the heap is the same). Reset by beginCall.
+  std::optional<std::size_t> usedHeapAfterSegment_;
 
   v8::Global<v8::Context> context_;
   v8::Global<v8::Function> main_;  // the default export, once the module evaluated

@@ -48,10 +48,6 @@ MethodResult vaultFailure(const policy::VaultError& error) {
   }
 }
 
-std::string str(const json::object& params, std::string_view name) {
-  return std::string(params.at(name).as_string());
-}
-
 bool flag(const json::object& params, std::string_view name) {
   const auto* given = params.if_contains(name);
   return given != nullptr && given->as_bool();
@@ -85,6 +81,26 @@ boost::system::result<registry::ToolRevisionPtr, protocol::RpcError> revisionOf(
     return error;
   }
   return *active;
+}
+
+// The secret a secrets.set or secrets.delete is about: params.name (checked) of the revision
+// revisionOf() finds for params.tool.
+struct SecretOf {
+  registry::ToolRevisionPtr tool;
+  std::string name;
+};
+boost::system::result<SecretOf, protocol::RpcError> secretOf(registry::Registry& registry,
+                                                              const json::object& params) {
+  std::string name(params.at("name").as_string());
+  if (!policy::isValidSecretName(name)) {
+    return invalidParams(
+               "params.name: a secret name is letters, digits, '_' and '-', starting with a "
+               "letter, at most 64 characters")
+        .error();
+  }
+  auto tool = revisionOf(registry, std::string(params.at("tool").as_string()), params);
+  if (!tool) return tool.error();
+  return SecretOf{std::move(*tool), std::move(name)};
 }
 
 bool requestsSecret(const json::object& manifest, std::string_view name) {
@@ -150,15 +166,10 @@ void registerSecretMethods(MethodTable& methods, SecretServices services) {
       schema(
           R"({"type":"object","required":["tool","revision","name","origins","carry","allowBody","createdAt","requested"]})"),
       [services](CallContext& context, json::object params) -> asio::awaitable<MethodResult> {
-        const std::string toolName = str(params, "tool");
-        const std::string name = str(params, "name");
-        if (!policy::isValidSecretName(name)) {
-          co_return invalidParams(
-              "params.name: a secret name is letters, digits, '_' and '-', starting with a "
-              "letter, at most 64 characters");
-        }
-        auto tool = revisionOf(services.registry, toolName, params);
-        if (!tool) co_return tool.error();
+        auto target = secretOf(services.registry, params);
+        if (!target) co_return target.error();
+        const std::string& name = target->name;
+        const registry::ToolRevisionPtr& tool = target->tool;
         const json::string& value = params.at("value").as_string();
         const std::size_t maxBytes = services.configs.current()->secrets.maxValueBytes;
         if (value.size() > maxBytes) {
@@ -167,8 +178,8 @@ void registerSecretMethods(MethodTable& methods, SecretServices services) {
                                   " bytes ([secrets] max_value_bytes)");
         }
         policy::SecretGrant grant;
-        grant.tool = (*tool)->name;
-        grant.revision = (*tool)->revision;
+        grant.tool = tool->name;
+        grant.revision = tool->revision;
         grant.name = name;
         std::size_t index = 0;
         for (const auto& origin : params.at("origins").as_array()) {
@@ -188,14 +199,14 @@ void registerSecretMethods(MethodTable& methods, SecretServices services) {
         if (!stored) co_return vaultFailure(stored.error());
         std::string origins;
         for (const auto& origin : stored->origins) origins += (origins.empty() ? "" : " ") + origin;
-        auditChange(services.audit, **tool, name, "set",
+        auditChange(services.audit, *tool, name, "set",
                     "set by " + who(context) + " for " + origins +
                         (stored->carry ? "; carried to later revisions" : "") +
                         (stored->allowBody ? "; allowed in bodies" : ""));
-        spdlog::info("secrets: {} of {} ({}) set by {}", name, (*tool)->name, (*tool)->revision,
+        spdlog::info("secrets: {} of {} ({}) set by {}", name, tool->name, tool->revision,
                      who(context));
         auto answer = recordJson(*stored);
-        answer["requested"] = requestsSecret((*tool)->manifest, name);
+        answer["requested"] = requestsSecret(tool->manifest, name);
         co_return json::value(std::move(answer));
       }});
 
@@ -239,23 +250,18 @@ void registerSecretMethods(MethodTable& methods, SecretServices services) {
                  {"tool", "name"}),
       schema(R"({"type":"object","required":["deleted","tool","revision","name"]})"),
       [services](CallContext& context, json::object params) -> asio::awaitable<MethodResult> {
-        const std::string toolName = str(params, "tool");
-        const std::string name = str(params, "name");
-        if (!policy::isValidSecretName(name)) {
-          co_return invalidParams(
-              "params.name: a secret name is letters, digits, '_' and '-', starting with a "
-              "letter, at most 64 characters");
-        }
-        auto tool = revisionOf(services.registry, toolName, params);
-        if (!tool) co_return tool.error();
-        auto erased = services.vault.erase((*tool)->name, (*tool)->revision, name);
+        auto target = secretOf(services.registry, params);
+        if (!target) co_return target.error();
+        const std::string& name = target->name;
+        const registry::ToolRevisionPtr& tool = target->tool;
+        auto erased = services.vault.erase(tool->name, tool->revision, name);
         if (!erased) co_return vaultFailure(erased.error());
         if (*erased) {
-          auditChange(services.audit, **tool, name, "deleted", "deleted by " + who(context));
+          auditChange(services.audit, *tool, name, "deleted", "deleted by " + who(context));
         }
         co_return json::value(json::object{{"deleted", *erased},
-                                           {"tool", (*tool)->name},
-                                           {"revision", (*tool)->revision},
+                                           {"tool", tool->name},
+                                           {"revision", tool->revision},
                                            {"name", name}});
       }});
 }

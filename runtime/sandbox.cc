@@ -137,6 +137,11 @@ Sandbox::~Sandbox() {
   isolate_->Dispose();
 }
 
+void Sandbox::adopt(registry::ToolRevisionPtr tool) {
+  if (tool_ || !tool) throw std::logic_error("a sandbox adopts exactly one revision");
+  tool_ = std::move(tool);
+}
+
 Sandbox& Sandbox::from(v8::Isolate* isolate) {
   return *static_cast<Sandbox*>(isolate->GetData(kSandboxSlot));
 }

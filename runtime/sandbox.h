@@ -36,6 +36,7 @@ namespace toolhost::runtime {
 struct SandboxSettings {
   std::int64_t heapMb = 64;
   std::int64_t arrayBufferMb = 64;
+  bool operator==(const SandboxSettings&) const = default;
 };
 
 class Sandbox {
@@ -47,6 +48,8 @@ class Sandbox {
   };
 
   // Creates the isolate and context (no tool code runs yet). `watchdog` and `platform` outlive it.
+  // Without a tool it is a pre-warmed shell: adopt() gives it its one revision before its first
+  // call (SandboxPool keeps one ready so that a first call does not wait for Isolate::New).
   Sandbox(registry::ToolRevisionPtr tool, SandboxSettings settings, Watchdog& watchdog,
           v8::Platform& platform);
   // Disposes the isolate. No call may be active.
@@ -76,6 +79,9 @@ class Sandbox {
   std::uint64_t heapBytes() const { return heapBytes_; }
   const SandboxSettings& settings() const { return settings_; }
   const registry::ToolRevision& tool() const { return *tool_; }
+  // Gives a shell made without a tool its revision, once, before any call. Throws
+  // std::logic_error if it already has one.
+  void adopt(registry::ToolRevisionPtr tool);
 
   // --- For the capability callbacks (capabilities.cc), inside a segment. ---
   static Sandbox& from(v8::Isolate* isolate);

@@ -23,9 +23,11 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <deque>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <stdexcept>
 #include <variant>
@@ -198,7 +200,13 @@ struct SandboxPool::Impl {
         host(host_),
         platform(platform_),
         work(asio::make_work_guard(io)),
-        workers(config.workerStackMb * kMiB, [this] { runWorker(); }) {}
+        workers(config.workerStackMb * kMiB, [this] { runWorker(); }) {
+    // The shell is built with what a manifest without limits gets; only a sandbox built with the
+    // same settings may take it.
+    if (auto base = baseLimits(json::object{}, config)) {
+      spareSettings = SandboxSettings{base->heapMb, base->arrayBufferMb};
+    }
+  }
 
   RuntimeConfig config;
   CapabilityHost& host;
@@ -218,6 +226,66 @@ struct SandboxPool::Impl {
 
   void changedLocked(const std::string& revision) {
     if (trackingChanges) changed.insert(revision);
+  }
+
+  // The pre-warmed shell: one Sandbox made without a tool (isolate, context, globals), built on a
+  // worker after startup and again each time one is taken, so that the first call of a revision
+  // whose settings match only compiles and evaluates its module. Taken by exactly one sandbox,
+  // never given back. Not a retained sandbox: outside list(), maxRetained and memoryBudgetMb.
+  std::optional<SandboxSettings> spareSettings;
+  std::unique_ptr<Sandbox> spare;  // ready to be taken
+  enum class SpareBuild { none, queued, running } spareBuild = SpareBuild::none;
+  std::condition_variable spareBuilt;  // the running build ended
+  std::uint64_t sparesBuilt = 0;
+  std::uint64_t sparesTaken = 0;
+
+  void requestSpareLocked() {
+    if (spare || spareBuild != SpareBuild::none || stopping || !spareSettings) return;
+    spareBuild = SpareBuild::queued;
+    asio::post(io, [this] { buildSpare(); });
+  }
+
+  // On a worker, off every strand.
+  void buildSpare() {
+    {
+      std::lock_guard lock(mutex);
+      if (stopping) {
+        spareBuild = SpareBuild::none;
+        return;
+      }
+      spareBuild = SpareBuild::running;
+    }
+    std::unique_ptr<Sandbox> shell;  // declared before the lock: a shell not kept is disposed
+                                     // after the mutex is released
+    try {
+      shell = std::make_unique<Sandbox>(nullptr, *spareSettings, watchdog, platform);
+    } catch (const std::exception& e) {
+      spdlog::warn("runtime: the pre-warmed sandbox could not be built: {}", e.what());
+    }
+    std::lock_guard lock(mutex);
+    spareBuild = SpareBuild::none;
+    if (!stopping && !spare && shell) {
+      spare = std::move(shell);
+      ++sparesBuilt;
+    }
+    spareBuilt.notify_all();
+  }
+
+  // The shell if it was built with `settings` (asking for the next one either way), or nullptr.
+  // A build already running on another worker is waited for: it is further along than a sandbox
+  // made now would be, and waiting for it cannot deadlock (it holds nothing the caller holds).
+  // A build still queued is not: every worker might be waiting for it.
+  std::unique_ptr<Sandbox> takeSpare(const SandboxSettings& settings) {
+    std::unique_lock lock(mutex);
+    if (spareSettings != settings) return nullptr;
+    spareBuilt.wait(lock, [&] { return spareBuild != SpareBuild::running; });
+    std::unique_ptr<Sandbox> taken;
+    if (spare) {
+      taken = std::move(spare);
+      ++sparesTaken;
+    }
+    requestSpareLocked();
+    return taken;
   }
 
   WorkerThreads workers;  // last: joined first
@@ -296,6 +364,8 @@ SandboxPool::SandboxPool(RuntimeConfig config, CapabilityHost& host) {
     impl_->workers.join();
     throw;
   }
+  std::lock_guard lock(impl_->mutex);
+  impl_->requestSpareLocked();
 }
 
 SandboxPool::~SandboxPool() {
@@ -313,6 +383,7 @@ SandboxPool::~SandboxPool() {
   std::lock_guard lock(impl_->mutex);
   for (auto& [revision, slot] : impl_->retained) slot->sandbox.reset();
   impl_->retained.clear();
+  impl_->spare.reset();
 }
 
 const RuntimeConfig& SandboxPool::config() const { return impl_->config; }
@@ -466,7 +537,12 @@ asio::awaitable<CallOutcome> SandboxPool::Impl::run(std::shared_ptr<CallJob> job
     }
   }
   if (!slot.sandbox) {
-    slot.sandbox = std::make_unique<Sandbox>(job->tool, slot.settings, watchdog, platform);
+    if (auto shell = takeSpare(slot.settings)) {
+      shell->adopt(job->tool);
+      slot.sandbox = std::move(shell);
+    } else {
+      slot.sandbox = std::make_unique<Sandbox>(job->tool, slot.settings, watchdog, platform);
+    }
     outcome.usage.freshSandbox = true;
   }
   Sandbox& sandbox = *slot.sandbox;
@@ -723,6 +799,11 @@ bool SandboxPool::terminate(const std::string& revision) {
   }
   if (running) running->cancel("the sandbox was terminated by an administrator");
   return true;
+}
+
+SandboxPool::Spares SandboxPool::spares() const {
+  std::lock_guard lock(impl_->mutex);
+  return Spares{impl_->spare ? 1u : 0u, impl_->sparesBuilt, impl_->sparesTaken};
 }
 
 std::vector<StalledCall> SandboxPool::stalled(std::chrono::milliseconds grace) const {

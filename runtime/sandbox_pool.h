@@ -17,6 +17,13 @@
 //  - Every kill (wall clock, CPU, heap, ArrayBuffer, cancel, terminate) and every failure at the
 //    boundary (invalid module or result, output too large, stack overflow) discards the sandbox;
 //    a tool that merely threw keeps it.
+//  - One pre-warmed sandbox shell (isolate, context and globals, no tool) is kept ready, built on a
+//    worker thread after startup and after each time one is taken. The first call of a revision
+//    (retained or disposable) whose heapMb and arrayBufferMb equal those of a manifest without
+//    limits takes it and only compiles and evaluates its module there (waiting for the build if
+//    one is already running on another worker); every other first call builds its sandbox on
+//    demand. A taken shell belongs to that one sandbox and is disposed with
+//    it. The shell is not a retained sandbox: list(), maxRetained and memoryBudgetMb leave it out.
 //  - Residual risk of running V8 in the daemon's process (V8 10.2): a few builtins loop in C++
 //    without checking for termination and V8 has fatal size checks, so a hostile tool can still
 //    stall a worker well past its limits (Array.prototype.fill over a 1e8-element sparse array:
@@ -74,6 +81,15 @@ class SandboxPool final : public ToolRunner {
   // without checking for termination. Such an isolate cannot be recovered; only killing the
   // process ends it. Any thread.
   std::vector<StalledCall> stalled(std::chrono::milliseconds grace) const;
+
+  // The pre-warmed shells: how many are ready to be taken (0 or 1), built and taken so far. Any
+  // thread; for tests and diagnostics.
+  struct Spares {
+    std::size_t ready = 0;
+    std::uint64_t built = 0;
+    std::uint64_t taken = 0;
+  };
+  Spares spares() const;
 
   // What changed in list() since the previous changes(): the rows added or updated (a call of
   // the revision was admitted or ended), least recently used first, and the revisions no longer

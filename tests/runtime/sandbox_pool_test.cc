@@ -6,6 +6,7 @@
 
 #include <boost/json/parse.hpp>
 
+#include <algorithm>
 #include <map>
 #include <thread>
 
@@ -768,4 +769,151 @@ TEST_CASE("what calls cost", "[.perf]") {
   std::printf(
       "warm retained call: %.0f us; disposable call (new isolate + context + module): %.0f us\n",
       warm, fresh);
+}
+
+namespace {
+
+// Waits (without a time limit of its own: ctest's timeout bounds it) until the pool has a
+// pre-warmed shell ready and has built at least `built` of them.
+SandboxPool::Spares awaitSpare(const SandboxPool& pool, std::uint64_t built) {
+  while (true) {
+    auto spares = pool.spares();
+    if (spares.ready == 1 && spares.built >= built) return spares;
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("a pre-warmed shell serves one revision only and is replaced once taken",
+          "[pool][prewarm]") {
+  PoolFixture f;
+  auto spares = awaitSpare(f.pool, 1);
+  CHECK(spares.taken == 0);
+  CHECK(f.pool.list().empty());  // the shell is not a retained sandbox
+
+  // Each revision leaves a mark in its global object, then reports whether it found one: a shell
+  // given to a second revision (after success, a thrown evaluation, a kill, a disposable call)
+  // would show the first one's mark.
+  const char* marking = "const seen = globalThis.owner ?? 'none'; globalThis.owner = '$';"
+                        "export default () => seen;";
+  auto named = [&](const std::string& name) {
+    std::string source = marking;
+    source.replace(source.find('$'), 1, name);
+    return makeTool(source, {}, {}, name);
+  };
+  auto expectTaken = [&](std::uint64_t taken) {
+    auto now = awaitSpare(f.pool, taken + 1);
+    CHECK(now.taken == taken);
+    CHECK(now.built == taken + 1);  // replaced after each take, never handed back
+  };
+
+  auto first = named("first");
+  auto outcome = f.call(first);
+  INFO(describe(outcome));
+  REQUIRE(outcome.result);
+  CHECK(*outcome.result == "none");
+  CHECK(outcome.usage.freshSandbox);
+  expectTaken(1);
+  CHECK(*f.call(first).result == "none");  // its own sandbox, kept
+
+  auto throwing = makeTool("globalThis.owner = 'throwing'; throw new Error('no');"
+                           "export default () => 1;");
+  CHECK(errc(f.call(throwing)) == CallErrc::invalidModule);
+  expectTaken(2);
+  CHECK(*f.call(named("second")).result == "none");
+  expectTaken(3);
+
+  auto killed = makeTool("globalThis.owner = 'killed';"
+                         "export default () => { const keep = []; for (;;) keep.push(new "
+                         "Array(100000).fill(1.5)); };");
+  CHECK(errc(f.call(killed)) == CallErrc::memoryLimit);
+  expectTaken(4);
+  CHECK(*f.call(named("third")).result == "none");
+  expectTaken(5);
+
+  auto once = named("once");
+  CHECK(*f.call(once, {}, disposable()).result == "none");
+  expectTaken(6);
+  CHECK(*f.call(once, {}, disposable()).result == "none");
+  expectTaken(7);
+  CHECK(*f.call(named("fourth")).result == "none");
+  expectTaken(8);
+
+  std::vector<std::string> names;
+  for (const auto& info : f.pool.list()) names.push_back(info.name);
+  std::sort(names.begin(), names.end());
+  CHECK(names == std::vector<std::string>{"first", "fourth", "second", "third"});
+}
+
+TEST_CASE("every limit applies in a pre-warmed shell as in a sandbox made on demand",
+          "[pool][prewarm]") {
+  RuntimeConfig config = testConfig();
+  config.defaults.heapMb = 16;
+  config.defaults.arrayBufferMb = 8;
+  PoolFixture f(config);
+  std::uint64_t taken = awaitSpare(f.pool, 1).taken;
+  auto run = [&](const toolhost::registry::ToolRevisionPtr& tool, bool takesShell) {
+    auto outcome = f.call(tool);
+    auto now = awaitSpare(f.pool, 1);
+    CHECK(now.taken == taken + (takesShell ? 1 : 0));
+    taken = now.taken;
+    return outcome;
+  };
+
+  SECTION("heap") {
+    auto outcome = run(makeTool("export default () => { const keep = []; for (;;) "
+                                "keep.push(new Array(100000).fill(1.5)); }"),
+                       true);
+    INFO(describe(outcome));
+    CHECK(errc(outcome) == CallErrc::memoryLimit);
+    CHECK(outcome.result.error().detail.find("16 MiB") != std::string::npos);
+    // The same bomb at module evaluation, in the first call.
+    outcome = run(makeTool("const keep = []; for (;;) keep.push(new Array(100000).fill(1.5));"
+                           "export default () => 1;"),
+                  true);
+    INFO(describe(outcome));
+    CHECK(errc(outcome) == CallErrc::memoryLimit);
+    // A revision with its own heap limit builds its sandbox on demand, with that limit.
+    outcome = run(makeTool("export default () => { const keep = []; for (;;) "
+                           "keep.push(new Array(100000).fill(1.5)); }",
+                           limits({{"heapMb", 8}})),
+                  false);
+    INFO(describe(outcome));
+    CHECK(errc(outcome) == CallErrc::memoryLimit);
+    CHECK(outcome.result.error().detail.find("8 MiB") != std::string::npos);
+  }
+  SECTION("ArrayBuffer") {
+    auto outcome = run(makeTool("export default () => new ArrayBuffer(12 * 1024 * 1024).byteLength"),
+                       true);
+    INFO(describe(outcome));
+    CHECK(errc(outcome) == CallErrc::arrayBufferLimit);
+    outcome = run(makeTool("export default () => new ArrayBuffer(6 * 1024 * 1024).byteLength"),
+                  true);
+    INFO(describe(outcome));
+    REQUIRE(outcome.result);
+    CHECK(*outcome.result == 6 * 1024 * 1024);
+  }
+  SECTION("wall clock, CPU and stack") {
+    auto outcome =
+        run(makeTool("export default () => { for (;;) {} }", limits({{"wallMs", 300}})), true);
+    INFO(describe(outcome));
+    CHECK((errc(outcome) == CallErrc::timeout || errc(outcome) == CallErrc::cpuLimit));
+    outcome = run(makeTool("const f = (n) => f(n + 1) + 1; export default () => f(0);",
+                           limits({{"stackKb", 256}})),
+                  true);
+    INFO(describe(outcome));
+    CHECK(errc(outcome) == CallErrc::stackLimit);
+  }
+  SECTION("a request that tightens the heap limit of a disposable call") {
+    auto options = disposable();
+    options.limits.heapMb = 8;
+    auto outcome = f.call(makeTool("export default () => { const keep = []; for (;;) "
+                                   "keep.push(new Array(100000).fill(1.5)); }"),
+                          {}, std::move(options));
+    INFO(describe(outcome));
+    CHECK(errc(outcome) == CallErrc::memoryLimit);
+    CHECK(outcome.result.error().detail.find("8 MiB") != std::string::npos);
+    CHECK(awaitSpare(f.pool, 1).taken == taken);
+  }
 }

@@ -78,6 +78,7 @@ struct V8FloorOptions {
   std::size_t kept = 0;                     // create + call with the isolates kept alive
   std::vector<std::size_t> isolates;        // RSS sampled after this many isolates
   std::string v8Flags;                      // extra V8 flags, for experiments (not the daemon's)
+  bool jit = false;                         // V8 with its JIT, as the daemon with [runtime] jit
   std::string prefix;
 };
 int runV8Floor(const V8FloorOptions& options);

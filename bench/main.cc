@@ -53,6 +53,9 @@ int main(int argc, char** argv) {
       ->delimiter(',');
   floorCommand->add_option("--v8-flags", floor.v8Flags,
                            "extra V8 flags, for experiments (e.g. --no-short-builtin-calls); the daemon does not set them");
+  floorCommand->add_flag("--jit", floor.jit,
+                         "V8 with its JIT, as the daemon runs with [runtime] jit = true (default: --jitless, "
+                         "as the daemon by default)");
   floorCommand->add_option("--prefix", floor.prefix, "prefix of every key printed");
 
   ReportOptions report;

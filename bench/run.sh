@@ -9,7 +9,8 @@
 #
 # Environment: BENCH_DURATION (seconds per throughput phase, default 3), BENCH_SEQUENTIAL (timed
 # sequential calls, default 5000), BENCH_REVISIONS (fresh revisions for the cold-call and RSS
-# phase, default 1000), BENCH_COMMIT and BENCH_COMMIT_NOTE (below).
+# phase, default 1000), BENCH_JIT (1: V8 with its JIT, in the daemon and the floors alike),
+# BENCH_COMMIT and BENCH_COMMIT_NOTE (below).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -22,6 +23,14 @@ DURATION=${BENCH_DURATION:-3}
 SEQUENTIAL=${BENCH_SEQUENTIAL:-5000}
 REVISIONS=${BENCH_REVISIONS:-1000}
 INFLIGHT=1,16,64
+# V8's JIT in the daemon and in the in-process floors alike: off (--jitless) as the daemon's
+# default, on with BENCH_JIT=1.
+JIT=false
+JIT_FLAG=()
+if [[ ${BENCH_JIT:-0} = 1 ]]; then
+  JIT=true
+  JIT_FLAG=(--jit)
+fi
 
 for program in "$BENCH" "$DAEMON" "$CTL"; do
   if [[ ! -x $program ]]; then
@@ -99,8 +108,8 @@ CLIENT_ARGS=(--params "$PARAMS" --sequential "$SEQUENTIAL" --inflight "$INFLIGHT
 
 # --- In-process V8 floors ---------------------------------------------------------------------
 step "in-process V8: isolate create + call (100 kept alive), RSS per isolate (100, 1000), warm call, isolate create + call + dispose"
-"$BENCH" v8-floor --kept 100 --warm 0 --cold 0 --prefix v8. >>"$FIGURES"
-"$BENCH" v8-floor --isolates "100,$REVISIONS" --prefix v8. >>"$FIGURES"
+"$BENCH" v8-floor --kept 100 --warm 0 --cold 0 "${JIT_FLAG[@]}" --prefix v8. >>"$FIGURES"
+"$BENCH" v8-floor --isolates "100,$REVISIONS" "${JIT_FLAG[@]}" --prefix v8. >>"$FIGURES"
 
 # --- The transport floor: bare Asio NDJSON echo -----------------------------------------------
 step "echo server: sequential, then 1/16/64 in flight for ${DURATION}s each"
@@ -112,15 +121,16 @@ stop "$ECHO_PID"
 ECHO_PID=""
 
 # --- toolhostd (release) ----------------------------------------------------------------------
-cat >"$WORK/toolhost.toml" <<'EOF'
+cat >"$WORK/toolhost.toml" <<EOF
 [limits]
 max_in_flight = 256
 
 [runtime]
 max_retained = 2000
 memory_budget_mb = 16384
+jit = $JIT
 EOF
-figure meta.daemon_config "${BUILD_TYPE:-unknown} build, defaults (io_threads 2, workers 2, log level info) but max_in_flight 256, max_retained 2000, memory_budget_mb 16384"
+figure meta.daemon_config "${BUILD_TYPE:-unknown} build, defaults (io_threads 2, workers 2, prewarmed 2, log level info) but max_in_flight 256, max_retained 2000, memory_budget_mb 16384, jit $JIT"
 mkdir -p "$WORK/state"
 SOCKET=$WORK/d.sock
 "$DAEMON" --socket "$SOCKET" --state-dir "$WORK/state" --config "$WORK/toolhost.toml" \

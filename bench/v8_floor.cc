@@ -270,8 +270,9 @@ int runV8Floor(const V8FloorOptions& options) {
     v8::V8::SetFlagsFromString(options.v8Flags.data(), options.v8Flags.size());
     emit(options.prefix + "v8_flags", options.v8Flags);
   }
-  runtime::V8Platform platform;
+  runtime::V8Platform platform(0, options.jit);
   emit(options.prefix + "version", runtime::v8Version());
+  emit(options.prefix + "jit", options.jit ? "on" : "off");
   std::unique_ptr<v8::ArrayBuffer::Allocator> allocator(v8::ArrayBuffer::Allocator::NewDefaultAllocator());
   measureColdKept(options, allocator.get());
   measureRss(options, allocator.get());

@@ -91,6 +91,7 @@ std::optional<ConfigError> readRuntime(const toml::table& table, const std::stri
            readCount(table, file, "runtime", "max_queued_per_sandbox", runtime.maxQueuedPerSandbox, 1,
                      1000000),
            readCount(table, file, "runtime", "processes", runtime.processes, 1, 64),
+           readCount(table, file, "runtime", "prewarmed", runtime.prewarmed, 0, 64),
            readCount(table, file, "runtime", "kill_grace_ms", runtime.killGraceMs, 100, 600000),
            readCount(table, file, "runtime", "max_restarts", runtime.maxRestarts, 1, 1000),
            readCount(table, file, "runtime", "restart_window_ms", runtime.restartWindowMs, 1000,
@@ -109,6 +110,13 @@ std::optional<ConfigError> readRuntime(const toml::table& table, const std::stri
            limit("max_output_bytes", runtime.caps.outputBytes, std::int64_t{1} << 34),
        }) {
     if (error) return error;
+  }
+  if (const toml::node* jit = table["runtime"]["jit"].node()) {
+    auto value = jit->value<bool>();
+    if (!value || !jit->is_boolean()) {
+      return fail(file, where(*jit, "runtime.jit") + " must be true or false");
+    }
+    runtime.jit = *value;
   }
   // The worker threads' stacks must hold the deepest JavaScript stack a call may get.
   auto neededMb = static_cast<std::size_t>((*runtime.caps.stackKb + 1023) / 1024 + 2);

@@ -1,23 +1,30 @@
 #include "protocol/framing.h"
 
+#include <algorithm>
 #include <cstring>
 
 namespace toolhost::protocol {
 
 void LineFramer::compact() {
   if (start_ == 0) return;
-  buffer_.erase(0, start_);
+  std::memmove(buffer_.get(), buffer_.get() + start_, end_ - start_);
+  end_ -= start_;
   start_ = 0;
 }
 
 std::span<char> LineFramer::prepare(std::size_t bytes) {
-  if (start_ > 0 && start_ >= buffer_.size() / 2) compact();
-  filled_ = buffer_.size();
-  buffer_.resize(filled_ + bytes);
-  return {buffer_.data() + filled_, bytes};
+  if (start_ > 0 && start_ >= end_ / 2) compact();
+  if (capacity_ - end_ < bytes) {
+    const std::size_t capacity = std::max(end_ + bytes, capacity_ * 2);
+    auto grown = std::make_unique_for_overwrite<char[]>(capacity);
+    if (end_ > 0) std::memcpy(grown.get(), buffer_.get(), end_);
+    buffer_ = std::move(grown);
+    capacity_ = capacity;
+  }
+  return {buffer_.get() + end_, bytes};
 }
 
-void LineFramer::commit(std::size_t bytes) { buffer_.resize(filled_ + bytes); }
+void LineFramer::commit(std::size_t bytes) { end_ += bytes; }
 
 void LineFramer::append(std::string_view bytes) {
   auto space = prepare(bytes.size());
@@ -27,8 +34,8 @@ void LineFramer::append(std::string_view bytes) {
 
 LineFramer::Status LineFramer::next(std::string_view& line) {
   for (;;) {
-    const char* begin = buffer_.data() + start_;
-    std::size_t available = buffer_.size() - start_;
+    const char* begin = buffer_.get() + start_;
+    std::size_t available = end_ - start_;
     const void* found = scanned_ < available
                             ? std::memchr(begin + scanned_, '\n', available - scanned_)
                             : nullptr;
@@ -36,7 +43,7 @@ LineFramer::Status LineFramer::next(std::string_view& line) {
       scanned_ = available;
       if (available > maxLineBytes_) return Status::tooLong;
       if (available == 0) {
-        buffer_.clear();
+        end_ = 0;
         start_ = 0;
       }
       return Status::needMore;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -27,16 +28,19 @@ class LineFramer {
   Status next(std::string_view& line);
 
   std::size_t maxLineBytes() const { return maxLineBytes_; }
-  std::size_t buffered() const { return buffer_.size() - start_; }
+  std::size_t buffered() const { return end_ - start_; }
 
  private:
   void compact();
 
   std::size_t maxLineBytes_;
-  std::string buffer_;
+  // Bytes received are [0, end_) of buffer_ (capacity_ long). It is never zero-filled: a read
+  // of 64 KiB into a std::string grown by resize() would clear 64 KiB first, on every read.
+  std::unique_ptr<char[]> buffer_;
+  std::size_t capacity_ = 0;
+  std::size_t end_ = 0;
   std::size_t start_ = 0;    // first byte not yet returned
   std::size_t scanned_ = 0;  // bytes after start_ already known to hold no newline
-  std::size_t filled_ = 0;   // buffer_ size before the last prepare()
 };
 
 }  // namespace toolhost::protocol

@@ -9,7 +9,6 @@
 #include <boost/system/result.hpp>
 
 #include <cstdint>
-#include <functional>
 #include <ostream>
 #include <string>
 #include <string_view>
@@ -68,12 +67,9 @@ struct CallOptions {
   CallLimits limits;               // may only tighten the manifest's limits
   boost::json::object invocation;  // e.g. {taskId}; handed to the CapabilityHost, not to JS
 
-  // For whoever hosts a SandboxPool (the sandbox host process); neither reaches JavaScript or
-  // the CapabilityHost. `tag`: a number of the caller's choosing that SandboxPool::stalled()
-  // reports. `onStart`: called once, on a V8 worker thread, when the call has its sandbox and its
-  // wall clock starts (not for a call refused or cancelled before that); keep it short.
+  // For whoever hosts a SandboxPool (the sandbox host process); it reaches neither JavaScript
+  // nor the CapabilityHost: a number of the caller's choosing that SandboxPool::stalled() reports.
   std::uint64_t tag = 0;
-  std::function<void()> onStart;
 };
 
 }  // namespace toolhost::runtime

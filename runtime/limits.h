@@ -46,6 +46,10 @@ struct RuntimeConfig {
   std::size_t maxResultDepth = 128;       // nesting of a result (and of drafts a tool passes)
   std::size_t maxLogBytes = 64 * 1024;    // console output kept per call, then truncated
   std::size_t workerStackMb = 16;         // stack of each V8 worker thread; > caps.stackKb
+  unsigned prewarmed = 2;                 // sandbox shells (isolate, context, globals) kept ready
+                                          // for first calls; 0 builds every sandbox on demand
+  bool jit = false;                       // V8's optimizing compilers (and executable memory);
+                                          // off: bytecode interpreter only (--jitless)
   // ProcessSandboxPool only (everything above applies per sandbox process):
   unsigned processes = 1;                     // sandbox host processes; a revision always uses one
   std::int64_t killGraceMs = 2000;            // how long a call may run on past the moment it was

@@ -7,6 +7,8 @@
 //    exactly once (end of stream, a read or write error, a line over the limit, a message that is
 //    not a JSON object, or close()), after which no handler runs and send() drops its message.
 //  - Outgoing messages queue without bound: the peer is our own code, which always reads.
+//  - send() writes on the calling thread when nothing is queued and the socket takes the whole
+//    message at once; otherwise the strand writes it. Messages keep the order of the send()s.
 #pragma once
 
 #include <boost/asio/any_io_executor.hpp>
@@ -56,6 +58,7 @@ class MessageChannel : public std::enable_shared_from_this<MessageChannel> {
 
   Strand strand_;
   boost::asio::local::stream_protocol::socket socket_;
+  const int fd_;  // socket_'s; written to directly by send(), under mutex_, until closed_
   const std::size_t maxMessageBytes_;
   const std::size_t maxDepth_;
 

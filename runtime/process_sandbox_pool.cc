@@ -151,17 +151,19 @@ struct PendingCall {
   EffectiveLimits limits;
   bool ownSandbox = false;
   std::function<void(std::exception_ptr, CallOutcome)> deliver;
-  bool started = false;  // the host said its wall clock runs
-  Clock::time_point startedAt;
+  // When the call went to the host. The host's wall clock starts later (when the call has its
+  // sandbox), so the backstop, which counts from here, is never early: a call still queued behind
+  // others of its sandbox only earns its host a liveness ping, which a live host answers.
+  Clock::time_point sentAt;
   std::size_t pausedOps = 0;  // operations of this call holding its clock paused
   Clock::time_point pausedSince;
   Clock::duration pausedTotal{};
   bool cancelRequested = false;
 
-  // When the daemon's backstop considers it late; max while not started or paused.
+  // When the daemon's backstop considers it late; max while paused.
   Clock::time_point lateAt(Clock::duration grace) const {
-    if (!started || pausedOps > 0) return Clock::time_point::max();
-    return startedAt + milliseconds(limits.wallMs) + pausedTotal + grace;
+    if (pausedOps > 0) return Clock::time_point::max();
+    return sentAt + milliseconds(limits.wallMs) + pausedTotal + grace;
   }
   void unpause(Clock::time_point now) {
     if (pausedOps > 0 && --pausedOps == 0) pausedTotal += now - pausedSince;
@@ -241,6 +243,8 @@ struct Process : std::enable_shared_from_this<Process> {
   Clock::time_point pingDeadline = Clock::now() + kStartupTimeout;
   Clock::time_point nextPing;
   std::uint64_t pingSeq = 0;
+  // When `watch` is due, as rearm last set it: a new call due no earlier needs no rearm.
+  Clock::time_point watchDue = Clock::time_point::max();
 
   void opPaused(std::uint64_t op);
   void opResumed(std::uint64_t op);
@@ -476,6 +480,7 @@ void ProcessSandboxPool::Impl::submit(json::object message, registry::ToolRevisi
   const unsigned slot = slotOf(revision);
   std::shared_ptr<Process> process;
   std::optional<CallError> refused;
+  bool rearmNeeded = false;
   {
     std::lock_guard lock(mutex);
     if (stopping) {
@@ -524,6 +529,8 @@ void ProcessSandboxPool::Impl::submit(json::object message, registry::ToolRevisi
           call.limits = admission.limits;
           call.ownSandbox = admission.ownSandbox;
           call.deliver = std::move(deliver);
+          call.sentAt = Clock::now();
+          rearmNeeded = call.lateAt(grace) < candidate->watchDue;
           auto sent = candidate->toolsSent.find(revision);
           if (sent != candidate->toolsSent.end()) {
             candidate->toolOrder.splice(candidate->toolOrder.begin(), candidate->toolOrder,
@@ -554,6 +561,7 @@ void ProcessSandboxPool::Impl::submit(json::object message, registry::ToolRevisi
     deliver(nullptr, failedOutcome(tool, std::move(*refused)));
     return;
   }
+  if (rearmNeeded) rearm(process);
   bool cancelled;
   {
     std::lock_guard lock(ticket->mutex);
@@ -751,7 +759,7 @@ void ProcessSandboxPool::Impl::end(const std::shared_ptr<Process>& process,
       error = CallError{CallErrc::cancelled, "the caller cancelled the call", {}};
     }
     CallOutcome outcome = failedOutcome(call.tool, std::move(error));
-    if (call.started) outcome.usage.wallMs = millisBetween(call.startedAt, now);
+    outcome.usage.wallMs = millisBetween(call.sentAt, now);
     call.deliver(nullptr, std::move(outcome));
   }
 }
@@ -831,16 +839,7 @@ const CallError kKilledForAnother{
 void ProcessSandboxPool::Impl::handle(const std::shared_ptr<Process>& process,
                                       const json::object& message) {
   const std::string type = ipc::stringField(message, "t");
-  if (type == "started") {
-    {
-      std::lock_guard lock(process->mutex);
-      auto found = process->calls.find(ipc::uintField(message, "id"));
-      if (found == process->calls.end()) return;
-      found->second.started = true;
-      found->second.startedAt = Clock::now();
-    }
-    rearm(process);
-  } else if (type == "result") {
+  if (type == "result") {
     PendingCall call;
     {
       std::lock_guard lock(process->mutex);
@@ -1015,6 +1014,7 @@ void ProcessSandboxPool::Impl::rearm(const std::shared_ptr<Process>& process) {
           next = std::min(next, call.lateAt(self->grace));
         if (next != Clock::time_point::max()) next = std::max(next, process->nextPing);
       }
+      process->watchDue = next;  // in the same hold as the scan: a call added later compares
     }
     process->watch.expires_at(next);
     process->watch.async_wait([self, process](boost::system::error_code error) {

@@ -30,7 +30,7 @@
 //  - list(), terminate() and discard() answer at once: each process sends its retained sandboxes
 //    before every result and after every terminate or discard, and list() merges those with the
 //    calls in flight (busy; a revision whose first call is still running shows with 0 calls).
-//  - CallOptions::tag and onStart are the pool's own business here and are ignored.
+//  - CallOptions::tag is the pool's own business here and is ignored.
 //  - Destroy the pool before the executor it was given and before the CapabilityHost: the
 //    destructor ends every call (cancelled), aborts their operations, kills and reaps every
 //    process.

@@ -12,13 +12,8 @@
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <unistd.h>
-#include <boost/asio/bind_cancellation_slot.hpp>
-#include <boost/asio/cancellation_signal.hpp>
-#include <boost/asio/co_spawn.hpp>
 #include <boost/asio/io_context.hpp>
-#include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
-#include <boost/asio/use_awaitable.hpp>
 #include <boost/json/array.hpp>
 
 #include <algorithm>
@@ -28,6 +23,7 @@
 #include <csignal>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <set>
@@ -287,8 +283,13 @@ class HostSide {
     } else if (type == "call") {
       call(message);
     } else if (type == "cancel") {
-      auto found = calls_.find(ipc::uintField(message, "id"));
-      if (found != calls_.end()) found->second->emit(asio::cancellation_type::terminal);
+      std::function<void()> cancel;
+      {
+        std::lock_guard lock(callsMutex_);
+        auto found = calls_.find(ipc::uintField(message, "id"));
+        if (found != calls_.end()) cancel = found->second;
+      }
+      if (cancel) cancel();
     } else if (type == "reply") {
       host_->reply(message);
     } else if (type == "opComplete") {
@@ -327,7 +328,7 @@ class HostSide {
     host_ = std::make_unique<ForwardingHost>(
         channel_,
         std::chrono::milliseconds(std::max<std::int64_t>(config.hostRequestTimeoutMs, 1)));
-    platform_ = std::make_unique<V8Platform>();
+    platform_ = std::make_unique<V8Platform>(0, config.jit);
     pool_ = std::make_unique<SandboxPool>(config, *host_);
     spdlog::debug("serving the daemon with {} V8 worker threads", config.workers);
   }
@@ -352,33 +353,31 @@ class HostSide {
     options.invocation = ipc::objectField(message, "invocation");
     options.invocation[kCallKey] = id;
     options.tag = id;
-    options.onStart = [channel = channel_, id] {
-      channel->send(json::object{{"t", "started"}, {"id", id}});
-    };
-    auto signal = std::make_shared<asio::cancellation_signal>();
-    if (!calls_.emplace(id, signal).second) throw ipc::ProtocolError("a call id used twice");
-    asio::co_spawn(
-        io_,
-        [pool = pool_.get(), tool = std::move(tool),
-         arguments = ipc::objectField(message, "arguments"),
-         options = std::move(options)]() mutable -> asio::awaitable<CallOutcome> {
-          co_return co_await pool->call(std::move(tool), arguments, std::move(options));
-        },
-        asio::bind_cancellation_slot(signal->slot(),
-                                     [this, id](std::exception_ptr error, CallOutcome outcome) {
-                                       finished(id, error, std::move(outcome));
-                                     }));
+    {
+      std::lock_guard lock(callsMutex_);
+      // Reserved before the call starts, so that a call that ends at once finds it to erase.
+      if (!calls_.emplace(id, nullptr).second) throw ipc::ProtocolError("a call id used twice");
+    }
+    auto cancel = pool_->start(std::move(tool), ipc::objectField(message, "arguments"),
+                               std::move(options),
+                               [this, id](std::exception_ptr error, CallOutcome outcome) {
+                                 finished(id, error, std::move(outcome));
+                               });
+    {
+      std::lock_guard lock(callsMutex_);
+      if (auto found = calls_.find(id); found != calls_.end()) found->second = std::move(cancel);
+    }
     watchStalls();
   }
 
+  // On the V8 worker thread that ran the call (or the I/O thread, for one refused at once): the
+  // result goes from here, without a hop back to the I/O thread.
   void finished(std::uint64_t id, std::exception_ptr error, CallOutcome outcome) {
-    // No cancel reaches this call any more; its signal is still in use by the completion that is
-    // running this, so it is destroyed afterwards.
-    if (auto found = calls_.find(id); found != calls_.end()) {
-      asio::post(io_, [signal = std::move(found->second)] {});
-      calls_.erase(found);
+    {
+      std::lock_guard lock(callsMutex_);
+      calls_.erase(id);
+      reported_.erase(id);
     }
-    reported_.erase(id);
     json::object message{{"t", "result"}, {"id", id}};
     // With the result, so that the daemon's list is current when the call returns.
     if (auto changes = ipc::changesToJson(pool_->changes()); !changes.empty()) {
@@ -409,7 +408,10 @@ class HostSide {
 
   // While calls run, asks the pool every poll_ for calls that did not stop within the grace.
   void watchStalls() {
-    if (watching_ || calls_.empty()) return;
+    {
+      std::lock_guard lock(callsMutex_);
+      if (watching_ || calls_.empty()) return;
+    }
     watching_ = true;
     timer_.expires_after(poll_);
     timer_.async_wait([this](boost::system::error_code error) {
@@ -422,6 +424,7 @@ class HostSide {
 
   void reportStalls() {
     json::array stalled;
+    std::lock_guard lock(callsMutex_);
     for (const auto& call : pool_->stalled(grace_)) {
       if (!calls_.contains(call.tag) || !reported_.insert(call.tag).second) continue;
       spdlog::warn(
@@ -458,10 +461,12 @@ class HostSide {
   std::unique_ptr<V8Platform> platform_;
   std::unique_ptr<SandboxPool> pool_;
 
-  std::map<std::string, registry::ToolRevisionPtr> tools_;                     // by revision
-  std::map<std::uint64_t, std::shared_ptr<asio::cancellation_signal>> calls_;  // by call id
-  std::set<std::uint64_t> reported_;  // stalled calls already reported
+  std::map<std::string, registry::ToolRevisionPtr> tools_;  // by revision
   bool watching_ = false;
+  // Calls end on V8 worker threads, so these are under callsMutex_.
+  std::mutex callsMutex_;
+  std::map<std::uint64_t, std::function<void()>> calls_;  // by call id: what cancels it
+  std::set<std::uint64_t> reported_;                       // stalled calls already reported
 };
 
 }  // namespace

@@ -149,8 +149,7 @@ struct CallJob : std::enable_shared_from_this<CallJob> {
   std::shared_ptr<Slot> slot;
   std::shared_ptr<CallState> call;
   Watchdog* watchdog = nullptr;
-  std::uint64_t tag = 0;          // CallOptions::tag
-  std::function<void()> onStart;  // CallOptions::onStart; strand, once
+  std::uint64_t tag = 0;  // CallOptions::tag
 
   // On the strand.
   std::shared_ptr<Waiter> waiter;
@@ -158,8 +157,8 @@ struct CallJob : std::enable_shared_from_this<CallJob> {
   bool ran = false;
   std::uint64_t heapBytes = 0;
 
-  // Delivers the outcome to the awaiting coroutine; set once by the initiation.
-  std::function<void(std::exception_ptr, CallOutcome)> deliver;
+  // Delivers the outcome (on the worker thread that ran the call); set once, before it runs.
+  SandboxPool::Done deliver;
 
   mutable std::mutex mutex;
   bool done = false;          // under mutex
@@ -228,63 +227,66 @@ struct SandboxPool::Impl {
     if (trackingChanges) changed.insert(revision);
   }
 
-  // The pre-warmed shell: one Sandbox made without a tool (isolate, context, globals), built on a
-  // worker after startup and again each time one is taken, so that the first call of a revision
-  // whose settings match only compiles and evaluates its module. Taken by exactly one sandbox,
-  // never given back. Not a retained sandbox: outside list(), maxRetained and memoryBudgetMb.
+  // The pre-warmed shells: up to config.prewarmed Sandboxes made without a tool (isolate,
+  // context, globals), built on the workers after startup and again each time one is taken, so
+  // that the first call of a revision whose settings match only compiles and evaluates its
+  // module. Each is taken by exactly one sandbox, never given back. Not retained sandboxes:
+  // outside list(), maxRetained and memoryBudgetMb.
   std::optional<SandboxSettings> spareSettings;
-  std::unique_ptr<Sandbox> spare;  // ready to be taken
-  enum class SpareBuild { none, queued, running } spareBuild = SpareBuild::none;
-  std::condition_variable spareBuilt;  // the running build ended
+  std::deque<std::unique_ptr<Sandbox>> spares;  // ready to be taken
+  unsigned sparesQueued = 0;                    // builds posted to the workers, not begun
+  unsigned sparesRunning = 0;                   // builds under way on a worker
+  std::condition_variable spareBuilt;           // a running build ended
   std::uint64_t sparesBuilt = 0;
   std::uint64_t sparesTaken = 0;
 
-  void requestSpareLocked() {
-    if (spare || spareBuild != SpareBuild::none || stopping || !spareSettings) return;
-    spareBuild = SpareBuild::queued;
-    asio::post(io, [this] { buildSpare(); });
+  void requestSparesLocked() {
+    if (stopping || !spareSettings) return;
+    while (spares.size() + sparesQueued + sparesRunning < config.prewarmed) {
+      ++sparesQueued;
+      asio::post(io, [this] { buildSpare(); });
+    }
   }
 
   // On a worker, off every strand.
   void buildSpare() {
     {
       std::lock_guard lock(mutex);
-      if (stopping) {
-        spareBuild = SpareBuild::none;
-        return;
-      }
-      spareBuild = SpareBuild::running;
+      --sparesQueued;
+      if (stopping) return;
+      ++sparesRunning;
     }
     std::unique_ptr<Sandbox> shell;  // declared before the lock: a shell not kept is disposed
                                      // after the mutex is released
     try {
       shell = std::make_unique<Sandbox>(nullptr, *spareSettings, watchdog, platform);
     } catch (const std::exception& e) {
-      spdlog::warn("runtime: the pre-warmed sandbox could not be built: {}", e.what());
+      spdlog::warn("runtime: a pre-warmed sandbox could not be built: {}", e.what());
     }
     std::lock_guard lock(mutex);
-    spareBuild = SpareBuild::none;
-    if (!stopping && !spare && shell) {
-      spare = std::move(shell);
+    --sparesRunning;
+    if (!stopping && shell && spares.size() < config.prewarmed) {
+      spares.push_back(std::move(shell));
       ++sparesBuilt;
     }
     spareBuilt.notify_all();
   }
 
-  // The shell if it was built with `settings` (asking for the next one either way), or nullptr.
-  // A build already running on another worker is waited for: it is further along than a sandbox
-  // made now would be, and waiting for it cannot deadlock (it holds nothing the caller holds).
-  // A build still queued is not: every worker might be waiting for it.
+  // A shell if one was built with `settings` (asking for its replacement), or nullptr. With none
+  // ready, a build already running on another worker is waited for: it is further along than a
+  // sandbox made now would be, and waiting for it cannot deadlock (it holds nothing the caller
+  // holds). A build still queued is not: every worker might be waiting for it.
   std::unique_ptr<Sandbox> takeSpare(const SandboxSettings& settings) {
     std::unique_lock lock(mutex);
     if (spareSettings != settings) return nullptr;
-    spareBuilt.wait(lock, [&] { return spareBuild != SpareBuild::running; });
+    spareBuilt.wait(lock, [&] { return !spares.empty() || sparesRunning == 0; });
     std::unique_ptr<Sandbox> taken;
-    if (spare) {
-      taken = std::move(spare);
+    if (!spares.empty()) {
+      taken = std::move(spares.front());
+      spares.pop_front();
       ++sparesTaken;
     }
-    requestSpareLocked();
+    requestSparesLocked();
     return taken;
   }
 
@@ -319,6 +321,14 @@ struct SandboxPool::Impl {
   void disposeLocked(const std::shared_ptr<Slot>& slot);
   CallError killError(Kill kill, const CallJob& job) const;
 
+  // Runs an admitted job on its sandbox's strand; job->deliver gets the outcome.
+  void launch(const std::shared_ptr<CallJob>& job) {
+    asio::co_spawn(job->slot->strand, run(job),
+                   [this, job](std::exception_ptr error, CallOutcome outcome) {
+                     finish(job, error, std::move(outcome));
+                   });
+  }
+
   template <typename Token>
   auto asyncCall(std::shared_ptr<CallJob> admitted, Token&& token) {
     return asio::async_initiate<Token, void(std::exception_ptr, CallOutcome)>(
@@ -343,10 +353,7 @@ struct SandboxPool::Impl {
                          (*shared)(error, std::move(outcome));
                        });
           };
-          asio::co_spawn(job->slot->strand, run(job),
-                         [this, job](std::exception_ptr error, CallOutcome outcome) {
-                           finish(job, error, std::move(outcome));
-                         });
+          launch(job);
         },
         token, std::move(admitted));
   }
@@ -365,7 +372,7 @@ SandboxPool::SandboxPool(RuntimeConfig config, CapabilityHost& host) {
     throw;
   }
   std::lock_guard lock(impl_->mutex);
-  impl_->requestSpareLocked();
+  impl_->requestSparesLocked();
 }
 
 SandboxPool::~SandboxPool() {
@@ -383,7 +390,7 @@ SandboxPool::~SandboxPool() {
   std::lock_guard lock(impl_->mutex);
   for (auto& [revision, slot] : impl_->retained) slot->sandbox.reset();
   impl_->retained.clear();
-  impl_->spare.reset();
+  impl_->spares.clear();
 }
 
 const RuntimeConfig& SandboxPool::config() const { return impl_->config; }
@@ -401,6 +408,22 @@ asio::awaitable<CallOutcome> SandboxPool::call(registry::ToolRevisionPtr tool,
   if (auto* outcome = std::get_if<CallOutcome>(&admitted)) co_return std::move(*outcome);
   co_return co_await impl_->asyncCall(std::get<std::shared_ptr<CallJob>>(std::move(admitted)),
                                       asio::use_awaitable);
+}
+
+std::function<void()> SandboxPool::start(registry::ToolRevisionPtr tool,
+                                         const json::object& arguments, CallOptions options,
+                                         Done done) {
+  auto admitted = impl_->admit(std::move(tool), arguments, std::move(options));
+  if (auto* outcome = std::get_if<CallOutcome>(&admitted)) {
+    done(nullptr, std::move(*outcome));
+    return [] {};
+  }
+  auto job = std::get<std::shared_ptr<CallJob>>(std::move(admitted));
+  job->deliver = std::move(done);
+  impl_->launch(job);
+  return [weak = std::weak_ptr<CallJob>(job)] {
+    if (auto live = weak.lock()) live->cancel("the caller cancelled the call");
+  };
 }
 
 std::variant<CallOutcome, std::shared_ptr<CallJob>> SandboxPool::Impl::admit(
@@ -421,7 +444,6 @@ std::variant<CallOutcome, std::shared_ptr<CallJob>> SandboxPool::Impl::admit(
   job->arguments = arguments;
   job->watchdog = &watchdog;
   job->tag = options.tag;
-  job->onStart = std::move(options.onStart);
   job->call = std::make_shared<CallState>();
   CallState& call = *job->call;
   call.epoch = nextEpoch.fetch_add(1);
@@ -528,14 +550,6 @@ asio::awaitable<CallOutcome> SandboxPool::Impl::run(std::shared_ptr<CallJob> job
   }
   const auto started = Clock::now();
   call.deadline = started + std::chrono::milliseconds(call.limits.wallMs);
-  if (auto onStart = std::move(job->onStart)) {
-    job->onStart = nullptr;
-    try {
-      onStart();
-    } catch (const std::exception& e) {
-      spdlog::error("runtime: the start hook of a call of {} threw: {}", job->tool->name, e.what());
-    }
-  }
   if (!slot.sandbox) {
     if (auto shell = takeSpare(slot.settings)) {
       shell->adopt(job->tool);
@@ -803,7 +817,7 @@ bool SandboxPool::terminate(const std::string& revision) {
 
 SandboxPool::Spares SandboxPool::spares() const {
   std::lock_guard lock(impl_->mutex);
-  return Spares{impl_->spare ? 1u : 0u, impl_->sparesBuilt, impl_->sparesTaken};
+  return Spares{impl_->spares.size(), impl_->sparesBuilt, impl_->sparesTaken};
 }
 
 std::vector<StalledCall> SandboxPool::stalled(std::chrono::milliseconds grace) const {

@@ -17,13 +17,14 @@
 //  - Every kill (wall clock, CPU, heap, ArrayBuffer, cancel, terminate) and every failure at the
 //    boundary (invalid module or result, output too large, stack overflow) discards the sandbox;
 //    a tool that merely threw keeps it.
-//  - One pre-warmed sandbox shell (isolate, context and globals, no tool) is kept ready, built on a
-//    worker thread after startup and after each time one is taken. The first call of a revision
-//    (retained or disposable) whose heapMb and arrayBufferMb equal those of a manifest without
-//    limits takes it and only compiles and evaluates its module there (waiting for the build if
-//    one is already running on another worker); every other first call builds its sandbox on
-//    demand. A taken shell belongs to that one sandbox and is disposed with
-//    it. The shell is not a retained sandbox: list(), maxRetained and memoryBudgetMb leave it out.
+//  - RuntimeConfig::prewarmed sandbox shells (isolate, context and globals, no tool) are kept
+//    ready, built on the worker threads after startup and after each time one is taken. The
+//    first call of a revision (retained or disposable) whose heapMb and arrayBufferMb equal those
+//    of a manifest without limits takes one and only compiles and evaluates its module there
+//    (with none ready, it waits for a build already running on another worker); every other
+//    first call builds its sandbox on demand. A taken shell belongs to that one sandbox and is
+//    disposed with it. Shells are not retained sandboxes: list(), maxRetained and memoryBudgetMb
+//    leave them out.
 //  - Residual risk of running V8 in the daemon's process (V8 10.2): a few builtins loop in C++
 //    without checking for termination and V8 has fatal size checks, so a hostile tool can still
 //    stall a worker well past its limits (Array.prototype.fill over a 1e8-element sparse array:
@@ -45,6 +46,8 @@
 
 #include <chrono>
 #include <cstdint>
+#include <exception>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -72,6 +75,15 @@ class SandboxPool final : public ToolRunner {
                                            const boost::json::object& arguments,
                                            CallOptions options) override;
   std::vector<SandboxInfo> list() const override;
+
+  // call() for a caller that is not a coroutine (the sandbox host): `done` runs once, on the V8
+  // worker thread that ran the call, or on this thread for a call refused at once; keep it short
+  // and let it not throw. Returns what cancels the call (any thread, any number of times; nothing
+  // once the call is done).
+  using Done = std::function<void(std::exception_ptr error, CallOutcome outcome)>;
+  std::function<void()> start(registry::ToolRevisionPtr tool,
+                              const boost::json::object& arguments, CallOptions options,
+                              Done done);
   bool terminate(const std::string& revision) override;
   void discard(const std::string& revision) override;
   const RuntimeConfig& config() const override;
@@ -82,7 +94,7 @@ class SandboxPool final : public ToolRunner {
   // process ends it. Any thread.
   std::vector<StalledCall> stalled(std::chrono::milliseconds grace) const;
 
-  // The pre-warmed shells: how many are ready to be taken (0 or 1), built and taken so far. Any
+  // The pre-warmed shells: how many are ready to be taken (0 to prewarmed), built and taken so far. Any
   // thread; for tests and diagnostics.
   struct Spares {
     std::size_t ready = 0;

@@ -104,6 +104,8 @@ json::object configToJson(const RuntimeConfig& config) {
       {"maxResultDepth", config.maxResultDepth},
       {"maxLogBytes", config.maxLogBytes},
       {"workerStackMb", config.workerStackMb},
+      {"prewarmed", config.prewarmed},
+      {"jit", config.jit},
       {"defaults", limitsToJson(config.defaults)},
       {"caps", limitsToJson(config.caps)},
       {"processes", config.processes},
@@ -124,6 +126,10 @@ RuntimeConfig configFromJson(const json::object& json) {
   out.maxResultDepth = number<std::size_t>(json, "maxResultDepth");
   out.maxLogBytes = number<std::size_t>(json, "maxLogBytes");
   out.workerStackMb = number<std::size_t>(json, "workerStackMb");
+  out.prewarmed = number<unsigned>(json, "prewarmed");
+  const auto& jit = field(json, "jit");
+  if (!jit.is_bool()) throw ProtocolError("\"jit\" is not a boolean");
+  out.jit = jit.get_bool();
   out.defaults = limitsFromJson(objectField(json, "defaults"));
   out.caps = limitsFromJson(objectField(json, "caps"));
   out.processes = number<unsigned>(json, "processes");

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <stdexcept>
+#include <string>
 
 namespace toolhost::runtime {
 
@@ -13,12 +14,13 @@ std::atomic<bool> gInitialized{false};
 std::atomic<v8::Platform*> gPlatform{nullptr};
 }  // namespace
 
-V8Platform::V8Platform(int workerThreads) {
+V8Platform::V8Platform(int workerThreads, bool jit) {
   if (gInitialized.exchange(true)) throw std::logic_error("the V8 platform is initialized twice");
   // Flags every sandbox shares: no code generation from strings is enforced per context; these
   // make V8 behave predictably inside a daemon.
-  const char flags[] = "--no-expose-wasm --disallow-code-generation-from-strings";
-  v8::V8::SetFlagsFromString(flags, sizeof flags - 1);
+  std::string flags = "--no-expose-wasm --disallow-code-generation-from-strings";
+  if (!jit) flags += " --jitless";
+  v8::V8::SetFlagsFromString(flags.c_str(), flags.size());
   platform_ = v8::platform::NewDefaultPlatform(workerThreads);
   v8::V8::InitializePlatform(platform_.get());
   v8::V8::Initialize();

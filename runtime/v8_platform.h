@@ -14,8 +14,10 @@ namespace toolhost::runtime {
 
 class V8Platform {
  public:
-  // `workerThreads` sizes V8's own background pool (GC, compilation); 0 lets V8 choose.
-  explicit V8Platform(int workerThreads = 0);
+  // `workerThreads` sizes V8's own background pool (GC, compilation); 0 lets V8 choose. `jit`
+  // false (RuntimeConfig's default) runs V8 --jitless: bytecode only, no executable memory made
+  // at run time, no code range per isolate.
+  explicit V8Platform(int workerThreads = 0, bool jit = false);
   ~V8Platform();
   V8Platform(const V8Platform&) = delete;
   V8Platform& operator=(const V8Platform&) = delete;

@@ -92,6 +92,21 @@ TEST_CASE("config errors name the key and what is wrong", "[config]") {
   check("[[access]]\nuser = \"no-such-user-here\"\nroles = [\"agent\"]\n", "no user");
   check("[sever]\nsocket = \"/x\"\n", "not a known section");
   check("this is = = not toml", ":1:");
+  check("[runtime]\njit = \"yes\"\n", "must be true or false");
+  check("[runtime]\njit = 1\n", "must be true or false");
+  check("[runtime]\nprewarmed = 65\n", "runtime.prewarmed");
+}
+
+TEST_CASE("[runtime]: V8 --jitless and two pre-warmed shells unless the file says otherwise",
+          "[config]") {
+  auto defaults = load("");
+  REQUIRE(defaults.has_value());
+  CHECK_FALSE(defaults->runtime.jit);
+  CHECK(defaults->runtime.prewarmed == 2);
+  auto set = load("[runtime]\njit = true\nprewarmed = 0\n");
+  REQUIRE(set.has_value());
+  CHECK(set->runtime.jit);
+  CHECK(set->runtime.prewarmed == 0);
 }
 
 TEST_CASE("socket path: flag, then TOOLHOST_SOCKET, then config, too long refused", "[config]") {

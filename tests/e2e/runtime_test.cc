@@ -9,7 +9,12 @@
 #include <boost/json/parse.hpp>
 #include <catch2/catch.hpp>
 
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
 #include <thread>
+#include <vector>
 
 using namespace toolhost::testing;
 namespace json = boost::json;
@@ -258,4 +263,69 @@ TEST_CASE("a tool that crashes or wedges V8 takes down only its sandbox process"
   CHECK(resultOf(call(client, "fine")) == "still here");
   CHECK(daemon->running());
   CHECK(client.call("daemon.health").at("result").at("status") == "ok");
+}
+
+namespace {
+
+// The sandbox host processes of a daemon: its children (every thread's list).
+std::vector<pid_t> childrenOf(pid_t parent) {
+  std::vector<pid_t> children;
+  std::error_code error;
+  for (const auto& task :
+       std::filesystem::directory_iterator("/proc/" + std::to_string(parent) + "/task", error)) {
+    std::ifstream list(task.path() / "children");
+    pid_t child = 0;
+    while (list >> child) children.push_back(child);
+  }
+  return children;
+}
+
+// Mappings of `pid` that are executable and backed by no file: machine code made at run time.
+std::vector<std::string> anonymousExecutable(pid_t pid) {
+  std::vector<std::string> found;
+  std::ifstream maps("/proc/" + std::to_string(pid) + "/maps");
+  std::string line;
+  while (std::getline(maps, line)) {
+    std::istringstream fields(line);
+    std::string range, permissions, offset, device, inode, path;
+    fields >> range >> permissions >> offset >> device >> inode;
+    std::getline(fields >> std::ws, path);
+    const bool anonymous = inode == "0" && (path.empty() || path.front() == '[');
+    if (permissions.size() > 2 && permissions[2] == 'x' && anonymous && path != "[vdso]" &&
+        path != "[vsyscall]") {
+      found.push_back(line);
+    }
+  }
+  return found;
+}
+
+}  // namespace
+
+TEST_CASE("V8 makes no machine code unless [runtime] jit = true", "[e2e][runtime]") {
+  // Hot enough for V8's baseline and optimizing compilers when they are on.
+  const char* hot =
+      "function step(x) { return (x * 31 + 7) % 1000003; }\n"
+      "export default async () => { let s = 0; for (let i = 0; i < 2000000; i++) s = (s + step(i)) % "
+      "1000003; return s; }";
+  for (const bool jit : {false, true}) {
+    DYNAMIC_SECTION("jit = " << (jit ? "true" : "false")) {
+      DaemonOptions options;
+      if (jit) options.configToml = "[runtime]\njit = true\n";
+      auto daemon = DaemonProcess::start(options);
+      RawClient client(daemon->socket());
+      deploy(client, jsTool("hot", hot));
+      for (int i = 0; i < 3; ++i) CHECK(resultOf(call(client, "hot")) == 609);
+      auto hosts = childrenOf(daemon->pid());
+      REQUIRE(hosts.size() == 1);
+      auto code = anonymousExecutable(hosts.front());
+      std::string listed;
+      for (const auto& line : code) listed += line + "\n";
+      INFO("anonymous executable mappings of the sandbox host:\n" << listed);
+      if (jit) {
+        CHECK_FALSE(code.empty());
+      } else {
+        CHECK(code.empty());
+      }
+    }
+  }
 }

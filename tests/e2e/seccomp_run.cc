@@ -3,7 +3,8 @@
 // (and that MemoryDenyWriteExecute= would break V8).
 //
 //   seccomp_run [--mdwe] SYSCALL_LIST exec PROGRAM [ARGS...]   load the filter, then exec
-//   seccomp_run [--mdwe] SYSCALL_LIST v8                       load it, then run JIT-heavy JS
+//   seccomp_run [--mdwe] SYSCALL_LIST v8 [jit]                 load it, then run JIT-heavy JS
+//                                                              (V8 --jitless unless `jit`)
 //
 // SYSCALL_LIST is a file with one allowed system call name per line; any other call kills the
 // process (SIGSYS; in the v8 mode after naming the call), which is stricter than the unit's
@@ -116,8 +117,8 @@ constexpr const char* kJitWorkout = R"JS(
   JSON.stringify({ sum, matched, objects: objects.length });
 )JS";
 
-int runV8() {
-  toolhost::runtime::V8Platform platform;
+int runV8(bool jit) {
+  toolhost::runtime::V8Platform platform(0, jit);
   std::unique_ptr<v8::ArrayBuffer::Allocator> allocator(
       v8::ArrayBuffer::Allocator::NewDefaultAllocator());
   v8::Isolate::CreateParams params;
@@ -158,13 +159,14 @@ int main(int argc, char** argv) {
     ++next;
   }
   if (argc - next < 2) {
-    std::fprintf(stderr, "usage: seccomp_run [--mdwe] SYSCALL_LIST exec PROGRAM [ARGS...] | v8\n");
+    std::fprintf(stderr,
+                 "usage: seccomp_run [--mdwe] SYSCALL_LIST exec PROGRAM [ARGS...] | v8 [jit]\n");
     return 2;
   }
   const char* list = argv[next++];
   std::string mode = argv[next++];
   if (loadFilter(list, mdwe, mode == "v8") != 0) return 3;
-  if (mode == "v8") return runV8();
+  if (mode == "v8") return runV8(next < argc && std::strcmp(argv[next], "jit") == 0);
   if (mode == "exec" && next < argc) {
     ::execv(argv[next], argv + next);
     std::fprintf(stderr, "seccomp_run: cannot run %s: %s\n", argv[next], std::strerror(errno));

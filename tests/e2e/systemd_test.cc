@@ -768,8 +768,8 @@ TEST_CASE("the service's exposure score is no worse than the recorded one", "[sy
 
 #ifdef TOOLHOST_SECCOMP_RUN
 TEST_CASE(
-    "the daemon and V8's JIT run under the unit's SystemCallFilter, "
-    "and MemoryDenyWriteExecute would break V8",
+    "the daemon and V8 run under the unit's SystemCallFilter, and MemoryDenyWriteExecute "
+    "would break V8's JIT but not V8 --jitless",
     "[systemd][seccomp]") {
   REQUIRE_PROGRAM(analyze, "systemd-analyze");
   REQUIRE_PROGRAM(activate, "systemd-socket-activate");
@@ -790,17 +790,29 @@ TEST_CASE(
   }
   const std::string helper = TOOLHOST_SECCOMP_RUN;
 
-  // JavaScript hot enough for the optimizing compiler, native regular expressions, GC.
-  auto jit = runProgram({helper, list.string(), "v8"});
-  INFO("v8 under the filter: status " << jit.status << "\n" << jit.out << jit.err);
+  // JavaScript hot enough for the optimizing compiler, native regular expressions, GC: with
+  // [runtime] jit = true, and with the default --jitless.
+  auto jit = runProgram({helper, list.string(), "v8", "jit"});
+  INFO("v8 with its JIT under the filter: status " << jit.status << "\n" << jit.out << jit.err);
   CHECK(jit.status == 0);
   CHECK_THAT(jit.out, Catch::Contains(R"("matched":2858,"objects":200000)"));
+  auto jitless = runProgram({helper, list.string(), "v8"});
+  INFO("v8 --jitless under the filter: status " << jitless.status << "\n"
+                                                << jitless.out << jitless.err);
+  CHECK(jitless.status == 0);
+  CHECK_THAT(jitless.out, Catch::Contains(R"("matched":2858,"objects":200000)"));
 
-  // What MemoryDenyWriteExecute= adds (no PROT_EXEC by mprotect, no W+X mappings) stops V8.
-  auto denied = runProgram({helper, "--mdwe", list.string(), "v8"});
-  INFO("v8 with MemoryDenyWriteExecute: status " << denied.status << "\n"
-                                                 << denied.out << denied.err);
+  // What MemoryDenyWriteExecute= adds (no PROT_EXEC by mprotect, no W+X mappings) stops V8's
+  // JIT; V8 --jitless makes no executable memory and runs under it.
+  auto denied = runProgram({helper, "--mdwe", list.string(), "v8", "jit"});
+  INFO("v8 with its JIT and MemoryDenyWriteExecute: status " << denied.status << "\n"
+                                                             << denied.out << denied.err);
   CHECK(denied.status != 0);
+  auto underMdwe = runProgram({helper, "--mdwe", list.string(), "v8"});
+  INFO("v8 --jitless with MemoryDenyWriteExecute: status " << underMdwe.status << "\n"
+                                                           << underMdwe.out << underMdwe.err);
+  CHECK(underMdwe.status == 0);
+  CHECK_THAT(underMdwe.out, Catch::Contains(R"("matched":2858,"objects":200000)"));
 
   // The daemon itself, socket-activated, through a reload and a clean stop.
   auto socket = dir.path() / "s";

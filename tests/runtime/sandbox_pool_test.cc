@@ -773,12 +773,12 @@ TEST_CASE("what calls cost", "[.perf]") {
 
 namespace {
 
-// Waits (without a time limit of its own: ctest's timeout bounds it) until the pool has a
-// pre-warmed shell ready and has built at least `built` of them.
+// Waits (without a time limit of its own: ctest's timeout bounds it) until the pool has all its
+// pre-warmed shells ready and has built at least `built` of them.
 SandboxPool::Spares awaitSpare(const SandboxPool& pool, std::uint64_t built) {
   while (true) {
     auto spares = pool.spares();
-    if (spares.ready == 1 && spares.built >= built) return spares;
+    if (spares.ready == pool.config().prewarmed && spares.built >= built) return spares;
     std::this_thread::sleep_for(milliseconds(5));
   }
 }
@@ -788,7 +788,9 @@ SandboxPool::Spares awaitSpare(const SandboxPool& pool, std::uint64_t built) {
 TEST_CASE("a pre-warmed shell serves one revision only and is replaced once taken",
           "[pool][prewarm]") {
   PoolFixture f;
-  auto spares = awaitSpare(f.pool, 1);
+  const unsigned kept = f.pool.config().prewarmed;
+  REQUIRE(kept >= 1);
+  auto spares = awaitSpare(f.pool, kept);
   CHECK(spares.taken == 0);
   CHECK(f.pool.list().empty());  // the shell is not a retained sandbox
 
@@ -803,9 +805,9 @@ TEST_CASE("a pre-warmed shell serves one revision only and is replaced once take
     return makeTool(source, {}, {}, name);
   };
   auto expectTaken = [&](std::uint64_t taken) {
-    auto now = awaitSpare(f.pool, taken + 1);
+    auto now = awaitSpare(f.pool, taken + kept);
     CHECK(now.taken == taken);
-    CHECK(now.built == taken + 1);  // replaced after each take, never handed back
+    CHECK(now.built == taken + kept);  // replaced after each take, never handed back
   };
 
   auto first = named("first");
@@ -846,13 +848,46 @@ TEST_CASE("a pre-warmed shell serves one revision only and is replaced once take
   CHECK(names == std::vector<std::string>{"first", "fourth", "second", "third"});
 }
 
+TEST_CASE("as many shells are kept as configured, and none with prewarmed = 0",
+          "[pool][prewarm]") {
+  SECTION("three, taken by three first calls in a row") {
+    RuntimeConfig config = testConfig();
+    config.prewarmed = 3;
+    PoolFixture f(config);
+    awaitSpare(f.pool, 3);
+    for (int i = 0; i < 3; ++i) {
+      auto outcome = f.call(
+          makeTool("export default () => " + std::to_string(i), {}, {}, "first-" + std::to_string(i)));
+      REQUIRE(outcome.result);
+      CHECK(*outcome.result == i);
+      CHECK(outcome.usage.freshSandbox);
+    }
+    auto after = awaitSpare(f.pool, 6);
+    CHECK(after.taken == 3);
+    CHECK(after.built == 6);
+  }
+  SECTION("none") {
+    RuntimeConfig config = testConfig();
+    config.prewarmed = 0;
+    PoolFixture f(config);
+    auto outcome = f.call(makeTool("export default () => 'made on demand'"));
+    REQUIRE(outcome.result);
+    CHECK(*outcome.result == "made on demand");
+    std::this_thread::sleep_for(milliseconds(50));  // a build would have been posted by now
+    auto spares = f.pool.spares();
+    CHECK(spares.ready == 0);
+    CHECK(spares.built == 0);
+    CHECK(spares.taken == 0);
+  }
+}
+
 TEST_CASE("every limit applies in a pre-warmed shell as in a sandbox made on demand",
           "[pool][prewarm]") {
   RuntimeConfig config = testConfig();
   config.defaults.heapMb = 16;
   config.defaults.arrayBufferMb = 8;
   PoolFixture f(config);
-  std::uint64_t taken = awaitSpare(f.pool, 1).taken;
+  std::uint64_t taken = awaitSpare(f.pool, config.prewarmed).taken;
   auto run = [&](const toolhost::registry::ToolRevisionPtr& tool, bool takesShell) {
     auto outcome = f.call(tool);
     auto now = awaitSpare(f.pool, 1);

@@ -12,6 +12,7 @@ namespace toolhost::runtime {
 namespace {
 std::atomic<bool> gInitialized{false};
 std::atomic<v8::Platform*> gPlatform{nullptr};
+std::atomic<bool> gJit{false};
 }  // namespace
 
 V8Platform::V8Platform(int workerThreads, bool jit) {
@@ -24,6 +25,7 @@ V8Platform::V8Platform(int workerThreads, bool jit) {
   platform_ = v8::platform::NewDefaultPlatform(workerThreads);
   v8::V8::InitializePlatform(platform_.get());
   v8::V8::Initialize();
+  gJit = jit;
   gPlatform = platform_.get();
 }
 
@@ -35,6 +37,8 @@ V8Platform::~V8Platform() {
 }
 
 bool V8Platform::initialized() { return gInitialized.load(); }
+
+bool V8Platform::jit() { return gJit.load(); }
 
 v8::Platform* V8Platform::current() { return gPlatform.load(); }
 

@@ -25,6 +25,8 @@ class V8Platform {
   v8::Platform& platform() { return *platform_; }
   // True once constructed and until destroyed.
   static bool initialized();
+  // Whether the live platform runs V8 with its JIT (false before construction).
+  static bool jit();
   // The live platform, or nullptr before construction and after destruction. Any thread; the
   // sandboxes use it to pump their isolates' foreground tasks and to announce isolate shutdown.
   static v8::Platform* current();

@@ -1,7 +1,8 @@
-// Shared by the end-to-end tests of mediated requests (fetch_test.cc, popup_test.cc,
-// external_test.cc): a connection that keeps notifications while it waits for responses, a
-// program approver, a popup host, tool manifests, and the [fetch] configuration that trusts the
-// local HTTPS test server (its CA as extra_ca_file, 127.0.0.1 opened with allow_private).
+// Shared by the end-to-end tests of mediated requests and of policy (fetch_test.cc,
+// popup_test.cc, external_test.cc, policy_test.cc): a connection that keeps notifications while
+// it waits for responses, a program approver, a popup host, tool manifests, and the [fetch]
+// configuration that trusts the local HTTPS test server (its CA as extra_ca_file, 127.0.0.1
+// opened with allow_private).
 #pragma once
 
 #include "tests/support/daemon_process.h"
@@ -162,11 +163,14 @@ inline void decideAhead(Peer& admin, const std::string& revision, std::string_vi
   CHECK(set.at("requested") == true);
 }
 
-// A program approver: subscribed at construction.
+// A program approver: subscribed at construction; `pending` holds the prompts already waiting
+// then.
 class Approver : public Peer {
  public:
   explicit Approver(const std::filesystem::path& socket) : Peer(socket) {
-    CHECK(resultOf(call("policy.subscribe")).at("subscribed") == true);
+    auto subscribed = resultOf(call("policy.subscribe"));
+    CHECK(subscribed.at("subscribed") == true);
+    pending = subscribed.at("pending").as_array();
   }
   json::object prompt() {
     auto message = notification();
@@ -180,6 +184,7 @@ class Approver : public Peer {
         "policy.decide",
         json::object{{"promptId", prompt.at("promptId")}, {"verdict", verdict}, {"scope", scope}});
   }
+  json::array pending;
 };
 
 // A program popup host: subscribed at construction.

@@ -3,6 +3,7 @@
 // scope, no approver, the prompt timeout, decisions across a restart, a new revision needing its
 // own approval, policy.list/set/revoke/reset and audit.tail. Authorization is triggered through
 // the admin's diagnostic policy.check, which runs the same authorize() a fetch does.
+#include "tests/e2e/mediation_support.h"
 #include "tests/support/daemon_process.h"
 
 #include "protocol/json_parse.h"
@@ -24,6 +25,7 @@
 #include <vector>
 
 using namespace toolhost::testing;
+using namespace toolhost::testing::e2e;
 namespace json = boost::json;
 using Clock = std::chrono::steady_clock;
 
@@ -48,18 +50,6 @@ json::object manifest(std::string_view name, int variant = 0) {
         "popup": ["custom-html"]})")}};
 }
 
-json::object resultOf(const json::object& response) {
-  INFO(toolhost::protocol::encodeLine(response));
-  REQUIRE(response.contains("result"));
-  return response.at("result").as_object();
-}
-
-std::int64_t errorCode(const json::object& response) {
-  INFO(toolhost::protocol::encodeLine(response));
-  REQUIRE(response.contains("error"));
-  return response.at("error").at("code").as_int64();
-}
-
 template <class Client>
 std::string install(Client& admin, const json::object& m) {
   auto installed = resultOf(admin.call("tools.install", json::object{{"manifest", m}}));
@@ -71,95 +61,6 @@ json::object key(const std::string& revision, const std::string& target = kApi,
   return json::object{
       {"toolRevision", revision}, {"action", action}, {"target", target}, {"access", access}};
 }
-
-std::string text(const json::value& value) { return std::string(value.as_string()); }
-
-// A connection that sends requests without waiting and keeps the notifications it reads.
-class Peer {
- public:
-  explicit Peer(const std::filesystem::path& socket) : client_(socket) {}
-
-  void send(const std::string& method, json::value params, std::int64_t id) {
-    json::object request{{"jsonrpc", "2.0"}, {"id", id}, {"method", method}};
-    if (!params.is_null()) request["params"] = std::move(params);
-    client_.send(toolhost::protocol::encodeLine(request));
-  }
-  // The response to `id`; notifications and other responses read meanwhile are kept.
-  json::object response(std::int64_t id) {
-    if (auto kept = responses_.find(id); kept != responses_.end()) {
-      auto message = std::move(kept->second);
-      responses_.erase(kept);
-      return message;
-    }
-    for (;;) {
-      auto message = client_.readJson().as_object();
-      if (const auto* got = message.if_contains("id")) {
-        if (*got == id) return message;
-        REQUIRE(got->is_int64());
-        responses_.emplace(got->get_int64(), std::move(message));
-        continue;
-      }
-      notifications_.push_back(std::move(message));
-    }
-  }
-  json::object call(const std::string& method, json::value params = nullptr) {
-    std::int64_t id = nextId_++;
-    send(method, std::move(params), id);
-    return response(id);
-  }
-  // The next notification (kept or read now); fails the test if none comes.
-  json::object notification() {
-    if (!notifications_.empty()) {
-      auto first = std::move(notifications_.front());
-      notifications_.pop_front();
-      return first;
-    }
-    auto message = client_.readJson().as_object();
-    INFO(toolhost::protocol::encodeLine(message));
-    REQUIRE_FALSE(message.contains("id"));
-    return message;
-  }
-  // No notification has arrived before now: a ping's answer comes first (the daemon sends a
-  // connection's messages in order, and any prompt was sent before the request that caused it
-  // was answered).
-  void expectNoNotification() {
-    CHECK(notifications_.empty());
-    std::int64_t id = nextId_++;
-    send("ping", nullptr, id);
-    auto message = client_.readJson().as_object();
-    INFO(toolhost::protocol::encodeLine(message));
-    CHECK(message.contains("id"));
-  }
-  std::int64_t nextId() { return nextId_++; }
-
- private:
-  RawClient client_;
-  std::deque<json::object> notifications_;
-  std::map<std::int64_t, json::object> responses_;
-  std::int64_t nextId_ = 1000;
-};
-
-// A program approver: subscribed at construction.
-class Approver : public Peer {
- public:
-  explicit Approver(const std::filesystem::path& socket) : Peer(socket) {
-    auto subscribed = resultOf(call("policy.subscribe"));
-    CHECK(subscribed.at("subscribed") == true);
-    pending = subscribed.at("pending").as_array();
-  }
-  json::object prompt() {
-    auto message = notification();
-    REQUIRE(message.at("method") == "policy.prompt");
-    return message.at("params").as_object();
-  }
-  json::object decide(const json::object& prompt, std::string_view verdict,
-                      std::string_view scope) {
-    return call(
-        "policy.decide",
-        json::object{{"promptId", prompt.at("promptId")}, {"verdict", verdict}, {"scope", scope}});
-  }
-  json::array pending;
-};
 
 // Runs policy.check for `k` while `approver` answers the prompt it receives.
 json::object checkAnswered(Peer& admin, Approver& approver, const json::object& k,

@@ -75,6 +75,16 @@ int run(const daemon::Config& config, const daemon::CommandLine& commandLine) {
   ::chmod(config.stateDir.c_str(), 0700);
 
   // No V8 in this process: JavaScript runs in the sandbox host processes (runtime/sandbox_host.h).
+  // Those inherit what this process may do with memory: V8's JIT must be able to make the pages
+  // it wrote code into executable, which MemoryDenyWriteExecute= (on in toolhost.service)
+  // forbids. Without this check every call would crash its sandbox host instead.
+  if (config.runtime.jit && !daemon::canMakeWritablePagesExecutable()) {
+    spdlog::critical(
+        "[runtime] jit = true, but this process may not make written pages executable (under "
+        "systemd: MemoryDenyWriteExecute=yes); set jit = false, or add a drop-in with "
+        "MemoryDenyWriteExecute=no to run V8 with its JIT");
+    return 1;
+  }
 
   store::Options storeOptions;
   storeOptions.stateDir = config.stateDir;

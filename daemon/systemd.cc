@@ -8,8 +8,10 @@
 #include <boost/asio/strand.hpp>
 #include <fcntl.h>
 #include <spdlog/spdlog.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <unistd.h>
 #include <systemd/sd-daemon.h>
 
 #include <algorithm>
@@ -76,6 +78,16 @@ boost::system::result<std::optional<ActivatedSocket>, ServerError> takeActivated
 }
 
 }  // namespace
+
+bool canMakeWritablePagesExecutable() {
+  const long page = ::sysconf(_SC_PAGESIZE);
+  const auto size = static_cast<std::size_t>(page > 0 ? page : 4096);
+  void* mapped = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (mapped == MAP_FAILED) return false;
+  const bool allowed = ::mprotect(mapped, size, PROT_READ | PROT_EXEC) == 0;
+  ::munmap(mapped, size);
+  return allowed;
+}
 
 void notifyServiceManager(const std::string& state) {
   int rc = ::sd_notify(0, state.c_str());

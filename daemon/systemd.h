@@ -23,6 +23,10 @@
 
 namespace toolhost::daemon {
 
+// Whether this process may map a page writable and then make it executable, as V8's JIT does;
+// false under MemoryDenyWriteExecute= (a seccomp filter) and similar rules.
+bool canMakeWritablePagesExecutable();
+
 // A listening socket passed by the service manager.
 struct ActivatedSocket {
   int fd = -1;

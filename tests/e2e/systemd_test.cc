@@ -4,10 +4,12 @@
 // Nothing here needs systemd as PID 1.
 #include "daemon/systemd.h"
 #include "protocol/json_parse.h"
+#include "protocol/json_text.h"
 #include "tests/support/daemon_process.h"
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
+#include <boost/json/parse.hpp>
 #include <catch2/catch.hpp>
 #include <fcntl.h>
 #include <poll.h>
@@ -761,9 +763,10 @@ TEST_CASE("the service's exposure score is no worse than the recorded one", "[sy
 
   // And the reasons for what is left exposed are written down in the unit.
   std::string text = readFile(unit);
-  CHECK_THAT(text, Catch::Contains("Not MemoryDenyWriteExecute=: V8's JIT"));
+  CHECK_THAT(text, Catch::Contains("[runtime] jit = true needs a drop-in with\n# "
+                                    "MemoryDenyWriteExecute=no"));
   CHECK_THAT(text, Catch::Contains("Not PrivateUsers="));
-  CHECK_THAT(text, !Catch::Contains("\nMemoryDenyWriteExecute="));
+  CHECK_THAT(text, Catch::Contains("\nMemoryDenyWriteExecute=yes\n"));
 }
 
 #ifdef TOOLHOST_SECCOMP_RUN
@@ -814,7 +817,8 @@ TEST_CASE(
   CHECK(underMdwe.status == 0);
   CHECK_THAT(underMdwe.out, Catch::Contains(R"("matched":2858,"objects":200000)"));
 
-  // The daemon itself, socket-activated, through a reload and a clean stop.
+  // The daemon itself, socket-activated, under the filter and MemoryDenyWriteExecute= as the unit
+  // sets them, running a JavaScript tool in its sandbox host, through a reload and a clean stop.
   auto socket = dir.path() / "s";
   NotifyListener notify(dir.path() / "n");
   std::vector<std::string> command{activate->string(), "--listen=" + socket.string(), "-E",
@@ -824,7 +828,7 @@ TEST_CASE(
   // systemd-socket-activate passes on only the variables it is given.
   command.insert(command.end(), {"-E", "ASAN_OPTIONS=detect_leaks=0"});
 #endif
-  command.insert(command.end(), {helper, list.string(), "exec", daemonBinary().string(),
+  command.insert(command.end(), {helper, "--mdwe", list.string(), "exec", daemonBinary().string(),
                                  "--state-dir", (dir.path() / "state").string(), "--log-format",
                                  "text"});
   Child daemon(command, {}, dir.path() / "log");
@@ -834,6 +838,21 @@ TEST_CASE(
     CHECK(client.call("ping").contains("result"));
     CHECK(client.call("rpc.discover", nullptr, 2).contains("result"));
     CHECK(client.call("daemon.health", nullptr, 3).at("result").at("status") == "ok");
+    auto manifest = boost::json::parse(R"({"manifest": {"name": "square",
+        "description": "squares n", "parameters": {"type": "object"},
+        "execution": {"class": "sandboxed-code", "runtime": "javascript",
+                      "source": "export default async ({ n }) => n * n"}}})");
+    auto installed = client.call("tools.install", manifest, 4);
+    INFO(toolhost::protocol::writeJson(installed));
+    REQUIRE(installed.contains("result"));
+    auto called = client.call(
+        "tools.call",
+        boost::json::object{{"revision", installed.at("result").at("revision")},
+                            {"arguments", boost::json::object{{"n", 12}}}},
+        5);
+    INFO(toolhost::protocol::writeJson(called));
+    REQUIRE(called.contains("result"));
+    CHECK(called.at("result").at("result") == 144);
   }
   REQUIRE(notify.waitFor("READY=1"));
   CHECK(notify.waitFor("WATCHDOG=1"));
@@ -844,6 +863,16 @@ TEST_CASE(
   INFO(daemon.log());
   CHECK(stopped == 0);
   CHECK(notify.waitFor("STOPPING=1"));
+
+  // With [runtime] jit = true under MemoryDenyWriteExecute=, the daemon says so and stops.
+  auto jitConfig = dir.path() / "jit.toml";
+  writeFile(jitConfig, "[runtime]\njit = true\n");
+  auto refused = runProgram({helper, "--mdwe", list.string(), "exec", daemonBinary().string(),
+                             "--state-dir", (dir.path() / "state").string(), "--socket",
+                             (dir.path() / "j").string(), "--config", jitConfig.string()});
+  INFO(refused.out << refused.err);
+  CHECK(refused.status == 1);
+  CHECK_THAT(refused.err, Catch::Contains("MemoryDenyWriteExecute=no"));
 }
 #else
 TEST_CASE("the daemon and V8's JIT run under the unit's SystemCallFilter", "[systemd][seccomp]") {

@@ -112,8 +112,8 @@ std::optional<ConfigError> readRuntime(const toml::table& table, const std::stri
     if (error) return error;
   }
   if (const toml::node* jit = table["runtime"]["jit"].node()) {
-    auto value = jit->value<bool>();
-    if (!value || !jit->is_boolean()) {
+    auto value = jit->value_exact<bool>();
+    if (!value) {
       return fail(file, where(*jit, "runtime.jit") + " must be true or false");
     }
     runtime.jit = *value;

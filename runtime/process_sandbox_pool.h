@@ -27,9 +27,9 @@
 //    space limit would break ordinary isolates); V8's heap limits bound ordinary growth, and a
 //    builtin that grows without checking is ended by the kill above, within its wall limit plus
 //    the grace.
-//  - list(), terminate() and discard() answer at once: each process sends its retained sandboxes
-//    before every result and after every terminate or discard, and list() merges those with the
-//    calls in flight (busy; a revision whose first call is still running shows with 0 calls).
+//  - list(), terminate() and discard() answer at once: each process sends the changes to its
+//    retained sandboxes with every result and after every terminate or discard, and list() merges
+//    the list those rebuild with the calls in flight (busy; a revision whose first call is still running shows with 0 calls).
 //  - CallOptions::tag is the pool's own business here and is ignored.
 //  - Destroy the pool before the executor it was given and before the CapabilityHost: the
 //    destructor ends every call (cancelled), aborts their operations, kills and reaps every

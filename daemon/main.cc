@@ -34,6 +34,7 @@
 #include "store/store.h"
 
 #include <CLI/CLI.hpp>
+#include <fmt/format.h>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/use_awaitable.hpp>
@@ -42,6 +43,7 @@
 
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <string_view>
 #include <thread>
 #include <vector>
@@ -49,11 +51,29 @@
 #ifndef TOOLHOST_VERSION
 #define TOOLHOST_VERSION "0.0.0"
 #endif
+#ifdef TOOLHOST_MIMALLOC
+#include <mimalloc.h>
+#endif
 
 namespace asio = boost::asio;
 using namespace toolhost;
 
 namespace {
+
+// Which malloc serves this process (and its sandbox hosts, the same executable): mimalloc when
+// toolhostd was built with it and it won the symbol lookup ahead of libc, else libc's.
+std::string mallocName() {
+#ifdef TOOLHOST_MIMALLOC
+  void* probe = std::malloc(64);
+  const bool mimalloc = mi_is_in_heap_region(probe);
+  std::free(probe);
+  if (mimalloc) {
+    const int version = mi_version();  // e.g. 209 for 2.0.9
+    return fmt::format("mimalloc {}.{}.{}", version / 100, version / 10 % 10, version % 10);
+  }
+#endif
+  return "libc";
+}
 
 int run(const daemon::Config& config, const daemon::CommandLine& commandLine) {
   // systemd: the socket it passed and the watchdog period leave the environment before any
@@ -127,6 +147,7 @@ int run(const daemon::Config& config, const daemon::CommandLine& commandLine) {
 
   daemon::DaemonFacts facts;
   facts.version = TOOLHOST_VERSION;
+  facts.malloc = mallocName();
   facts.config = &configs;
   facts.healthChecks.push_back(daemon::HealthCheck{"store", [&store] {
     auto stats = store.stats();
@@ -196,8 +217,9 @@ int run(const daemon::Config& config, const daemon::CommandLine& commandLine) {
   daemon::ServiceLifecycle lifecycle(io, server, configs, *systemd, commandLine);
   lifecycle.start();
   server.start();
-  spdlog::info("toolhostd {} listening on {} (state in {}, V8 {})", facts.version,
-               server.socketPath().string(), config.stateDir.string(), runtime::v8Version());
+  spdlog::info("toolhostd {} listening on {} (state in {}, V8 {}, malloc {})", facts.version,
+               server.socketPath().string(), config.stateDir.string(), runtime::v8Version(),
+               facts.malloc);
 
   std::vector<std::thread> threads;
   for (unsigned i = 1; i < config.ioThreads; ++i) threads.emplace_back([&io] { io.run(); });

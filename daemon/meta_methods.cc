@@ -60,7 +60,7 @@ void registerMetaMethods(MethodTable& methods, const DaemonFacts& facts) {
 
   methods.add(MethodSpec{
       "daemon.info",
-      "Version, V8 version, uptime, the caller's credentials and roles, and the limits in force.",
+      "Version, V8 version, malloc, uptime, the caller's credentials and roles, and the limits in force.",
       {},
       {},
       schema(R"({"type":"object","required":["name","version","v8Version","uptimeMs","caller","limits"]})"),
@@ -80,6 +80,7 @@ void registerMetaMethods(MethodTable& methods, const DaemonFacts& facts) {
         json::object info{{"name", "toolhost"},
                           {"version", facts.version},
                           {"v8Version", runtime::v8Version()},
+                          {"malloc", facts.malloc},
                           {"pid", ::getpid()},
                           {"startedAt", protocol::formatTime(facts.startedWall)},
                           {"uptimeMs", uptimeMs(facts)},

@@ -21,6 +21,7 @@ struct HealthCheck {
 
 struct DaemonFacts {
   std::string version;
+  std::string malloc;  // the allocator serving the process: "mimalloc 2.0.9" or "libc"
   std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
   std::chrono::system_clock::time_point startedWall = std::chrono::system_clock::now();
   const ConfigHolder* config = nullptr;  // the configuration in force (a reload swaps it)

@@ -11,7 +11,7 @@ packages=(
   build-essential cmake ninja-build pkg-config
   libboost1.81-dev libboost-json1.81-dev libboost-url1.81-dev
   libssl-dev liblmdb-dev lmdb-utils libspdlog-dev libfmt-dev catch2 libcli11-dev libtomlplusplus-dev
-  libsystemd-dev systemd libseccomp-dev
+  libsystemd-dev systemd libseccomp-dev libmimalloc-dev
   libuv1 libicu72 libc-ares2 libbrotli1 libnghttp2-14 zlib1g
   socat python3 openssl util-linux
 )

@@ -128,6 +128,12 @@ TEST_CASE("daemon.info, daemon.health and rpc.discover", "[e2e][daemon]") {
   auto info = client.call("daemon.info").at("result").as_object();
   CHECK(info.at("name") == "toolhost");
   CHECK_THAT(std::string(info.at("v8Version").as_string()), Catch::StartsWith("10.2"));
+#ifdef TOOLHOST_MIMALLOC
+  // Linked ahead of libc, mimalloc serves the daemon's mallocs (it checks with a probe).
+  CHECK_THAT(std::string(info.at("malloc").as_string()), Catch::StartsWith("mimalloc 2."));
+#else
+  CHECK(info.at("malloc") == "libc");
+#endif
   CHECK(info.at("caller").at("uid") == static_cast<std::int64_t>(::geteuid()));
   CHECK(info.at("caller").at("roles").as_array() == json::array{"admin"});
   CHECK(info.at("limits").at("maxMessageBytes") == 8 * 1024 * 1024);

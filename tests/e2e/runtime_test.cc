@@ -11,6 +11,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -317,6 +318,12 @@ TEST_CASE("V8 makes no machine code unless [runtime] jit = true", "[e2e][runtime
       for (int i = 0; i < 3; ++i) CHECK(resultOf(call(client, "hot")) == 609);
       auto hosts = childrenOf(daemon->pid());
       REQUIRE(hosts.size() == 1);
+#ifdef TOOLHOST_MIMALLOC
+      // The host is the same executable: mimalloc is its malloc too.
+      std::ifstream maps("/proc/" + std::to_string(hosts.front()) + "/maps");
+      std::string mapped((std::istreambuf_iterator<char>(maps)), std::istreambuf_iterator<char>());
+      CHECK_THAT(mapped, Catch::Contains("libmimalloc"));
+#endif
       auto code = anonymousExecutable(hosts.front());
       std::string listed;
       for (const auto& line : code) listed += line + "\n";

@@ -266,6 +266,8 @@ void appendUint64(Sink& out, std::uint64_t number) {
   }
 }
 
+void appendCompact(Sink& out, const json::object& object);
+
 void appendCompact(Sink& out, const json::value& value) {
   switch (value.kind()) {
     case json::kind::null:
@@ -307,20 +309,23 @@ void appendCompact(Sink& out, const json::value& value) {
       out.push_back(']');
       return;
     }
-    case json::kind::object: {
-      out.push_back('{');
-      bool first = true;
-      for (const auto& member : value.get_object()) {
-        if (!first) out.push_back(',');
-        first = false;
-        appendString(out, member.key(), InvalidUtf8::replace);
-        out.push_back(':');
-        appendCompact(out, member.value());
-      }
-      out.push_back('}');
+    case json::kind::object:
+      appendCompact(out, value.get_object());
       return;
-    }
   }
+}
+
+void appendCompact(Sink& out, const json::object& object) {
+  out.push_back('{');
+  bool first = true;
+  for (const auto& member : object) {
+    if (!first) out.push_back(',');
+    first = false;
+    appendString(out, member.key(), InvalidUtf8::replace);
+    out.push_back(':');
+    appendCompact(out, member.value());
+  }
+  out.push_back('}');
 }
 
 // Orders UTF-8 strings by their UTF-16 code units (RFC 8785 section 3.2.3). Byte order already is
@@ -455,18 +460,27 @@ boost::system::result<std::string, CanonicalJsonError> canonicalJson(const json:
   return {boost::system::in_place_value, writer.takeText()};
 }
 
-std::string writeJson(const json::value& value) {
+namespace {
+template <typename Json>
+std::string writeCompact(const Json& json) {
   std::string out;
   out.reserve(512);
-  appendJson(out, value);
+  appendJson(out, json);
   return out;
 }
 
-void appendJson(std::string& out, const json::value& value) {
+template <typename Json>
+void appendCompactTo(std::string& out, const Json& json) {
   Sink sink(out);
-  appendCompact(sink, value);
+  appendCompact(sink, json);
   sink.flush();
 }
+}  // namespace
+
+std::string writeJson(const json::value& value) { return writeCompact(value); }
+std::string writeJson(const json::object& object) { return writeCompact(object); }
+void appendJson(std::string& out, const json::value& value) { appendCompactTo(out, value); }
+void appendJson(std::string& out, const json::object& object) { appendCompactTo(out, object); }
 
 std::string formatNumber(double number) {
   if (std::isnan(number)) return "NaN";

@@ -3,6 +3,7 @@
 // Pure functions; any thread.
 #pragma once
 
+#include <boost/json/object.hpp>
 #include <boost/json/value.hpp>
 #include <boost/system/result.hpp>
 
@@ -26,9 +27,12 @@ boost::system::result<std::string, CanonicalJsonError> canonicalJson(
 // Non-finite numbers become null (as JSON.stringify does); each byte of invalid UTF-8 becomes
 // U+FFFD, so the output is always valid JSON in valid UTF-8.
 std::string writeJson(const boost::json::value& value);
+// The same for an object, without first copying it into a value.
+std::string writeJson(const boost::json::object& object);
 
 // writeJson appended to `out`, for callers that add framing around it.
 void appendJson(std::string& out, const boost::json::value& value);
+void appendJson(std::string& out, const boost::json::object& object);
 
 // ECMAScript Number.prototype.toString for a finite double ("1e+21", "0.000001", "-0" -> "0");
 // NaN and the infinities give "NaN", "Infinity", "-Infinity" as in JavaScript.

@@ -132,10 +132,16 @@ json::object notification(std::string_view method, json::value params) {
   return message;
 }
 
-std::string encodeLine(const json::value& message) {
-  std::string line = writeJson(message);
-  line.push_back('\n');
-  return line;
+namespace {
+template <typename Json>
+std::string line(const Json& message) {
+  std::string out = writeJson(message);
+  out.push_back('\n');
+  return out;
 }
+}  // namespace
+
+std::string encodeLine(const json::value& message) { return line(message); }
+std::string encodeLine(const json::object& message) { return line(message); }
 
 }  // namespace toolhost::protocol

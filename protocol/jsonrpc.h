@@ -77,5 +77,6 @@ boost::json::object notification(std::string_view method, boost::json::value par
 
 // One response or notification as an NDJSON line, "\n" included.
 std::string encodeLine(const boost::json::value& message);
+std::string encodeLine(const boost::json::object& message);  // without a copy into a value
 
 }  // namespace toolhost::protocol

@@ -336,9 +336,9 @@ std::size_t jsonTextSize(const json::value& value) {
   return 0;
 }
 
-v8::MaybeLocal<v8::Value> fromJson(v8::Local<v8::Context> context, const json::value& value) {
+namespace {
+v8::MaybeLocal<v8::Value> parseInContext(v8::Local<v8::Context> context, const std::string& text) {
   v8::Isolate* isolate = context->GetIsolate();
-  const std::string text = protocol::writeJson(value);
   if (text.size() > static_cast<std::size_t>(v8::String::kMaxLength)) return {};
   v8::Local<v8::String> source;
   if (!v8::String::NewFromUtf8(isolate, text.data(), v8::NewStringType::kNormal,
@@ -347,6 +347,15 @@ v8::MaybeLocal<v8::Value> fromJson(v8::Local<v8::Context> context, const json::v
     return {};
   }
   return v8::JSON::Parse(context, source);
+}
+}  // namespace
+
+v8::MaybeLocal<v8::Value> fromJson(v8::Local<v8::Context> context, const json::value& value) {
+  return parseInContext(context, protocol::writeJson(value));
+}
+
+v8::MaybeLocal<v8::Value> fromJson(v8::Local<v8::Context> context, const json::object& object) {
+  return parseInContext(context, protocol::writeJson(object));
 }
 
 std::string toUtf8(v8::Isolate* isolate, v8::Local<v8::String> text, std::size_t maxBytes) {

@@ -48,6 +48,7 @@ std::size_t jsonTextSize(const boost::json::value& value);
 // `value` as a fresh JavaScript value in `context` (through JSON text). Empty if V8 refuses it
 // (a string past V8's maximum length, or the heap is exhausted).
 v8::MaybeLocal<v8::Value> fromJson(v8::Local<v8::Context> context, const boost::json::value& value);
+v8::MaybeLocal<v8::Value> fromJson(v8::Local<v8::Context> context, const boost::json::object& object);
 
 // A JavaScript string as UTF-8 (lone surrogates become U+FFFD), cut to at most `maxBytes` bytes
 // on a character boundary.

@@ -235,6 +235,7 @@ struct Process : std::enable_shared_from_this<Process> {
   std::unordered_map<std::string, KnownSandbox> sandboxes;
   std::uint64_t sandboxReports = 0;
   void applySandboxChanges(const json::object& changes);
+  void applySandboxRow(SandboxInfo info);  // one row added or replaced
   // Tools the host has cached, most recently used first.
   std::list<std::string> toolOrder;
   std::unordered_map<std::string, std::list<std::string>::iterator> toolsSent;
@@ -410,14 +411,15 @@ void OperationProxy::onAbort(std::function<void()> abort) {
 
 void Process::applySandboxChanges(const json::object& changes) {
   auto [updated, removed] = ipc::changesFromJson(changes);
-  const auto now = Clock::now();
-  for (auto& info : updated) {
-    KnownSandbox& known = sandboxes[info.revision];
-    known.lastUsed = now - milliseconds(info.idleMs);
-    known.order = ++sandboxReports;
-    known.info = std::move(info);
-  }
+  for (auto& info : updated) applySandboxRow(std::move(info));
   for (const auto& revision : removed) sandboxes.erase(revision);
+}
+
+void Process::applySandboxRow(SandboxInfo info) {
+  KnownSandbox& known = sandboxes[info.revision];
+  known.lastUsed = Clock::now() - milliseconds(info.idleMs);
+  known.order = ++sandboxReports;
+  known.info = std::move(info);
 }
 
 void Process::opPaused(std::uint64_t op) {
@@ -849,6 +851,11 @@ void ProcessSandboxPool::Impl::handle(const std::shared_ptr<Process>& process,
       }
       auto found = process->calls.find(ipc::uintField(message, "id"));
       if (found == process->calls.end()) return;
+      if (const auto* own = message.if_contains("own")) {
+        if (!own->is_object()) throw ipc::ProtocolError("\"own\" is not an object");
+        const auto& tool = *found->second.tool;
+        process->applySandboxRow(ipc::ownRowFromJson(own->get_object(), tool.revision, tool.name));
+      }
       call = std::move(found->second);
       process->calls.erase(found);
     }

@@ -252,6 +252,7 @@ void Sandbox::beginCall(std::shared_ptr<CallState> call) {
   call_ = std::move(call);
   allocator_->resetPeak();
   usedHeapAfterSegment_.reset();
+  result_.reset();
 }
 
 Sandbox::Step Sandbox::start(const json::object& arguments) {
@@ -262,7 +263,7 @@ Sandbox::Step Sandbox::start(const json::object& arguments) {
     v8::TryCatch tryCatch(js.isolate);
     v8::Local<v8::Value> args;
     v8::Local<v8::Object> ctx;
-    if (!fromJson(js.context, json::value(arguments)).ToLocal(&args) ||
+    if (!fromJson(js.context, arguments).ToLocal(&args) ||
         !makeCtx(js.context, js.call, prelude_).ToLocal(&ctx)) {
       return Step{Progress::failed,
                   CallError{CallErrc::memoryLimit, "the arguments do not fit in the sandbox", {}}};
@@ -282,7 +283,7 @@ Sandbox::Step Sandbox::start(const json::object& arguments) {
       value_.Reset(js.isolate, returned);
     }
     drain(js);
-    return inspect(js);
+    return inspectAndConvert(js);
   });
 }
 
@@ -310,7 +311,7 @@ Sandbox::Step Sandbox::resume() {
           .FromMaybe(false);
     }
     drain(js);
-    return inspect(js);
+    return inspectAndConvert(js);
   });
 }
 
@@ -330,25 +331,38 @@ Sandbox::Step Sandbox::inspect(JsScope& js) {
   return Step{Progress::settled, {}};
 }
 
-boost::system::result<json::value, CallError> Sandbox::result() {
-  return segment([&](JsScope& js) -> boost::system::result<json::value, CallError> {
-    v8::Local<v8::Value> value =
-        promise_.IsEmpty() ? value_.Get(js.isolate) : promise_.Get(js.isolate)->Result();
-    if (value.IsEmpty()) value = v8::Undefined(js.isolate);
-    ToJsonOptions options = toJsonOptions("the result");
-    options.maxBytes = static_cast<std::size_t>(js.call.limits.outputBytes);
-    auto converted = toJson(js.context, value, options);
-    if (converted) return std::move(*converted);
-    switch (converted.error().kind) {
-      case ToJsonError::Kind::tooLarge:
-        return CallError{CallErrc::outputTooLarge, converted.error().detail, {}};
-      case ToJsonError::Kind::invalid:
-        return CallError{CallErrc::invalidResult, converted.error().detail, {}};
-      case ToJsonError::Kind::killed:
-        break;
-    }
-    return CallError{CallErrc::cancelled, "stopped", {}};  // the caller reports the kill
-  });
+Sandbox::Step Sandbox::inspectAndConvert(JsScope& js) {
+  Step step = inspect(js);
+  if (step.progress == Progress::settled && js.call.outstandingOps == 0) result_ = convert(js);
+  return step;
+}
+
+Sandbox::Result Sandbox::convert(JsScope& js) {
+  v8::Local<v8::Value> value =
+      promise_.IsEmpty() ? value_.Get(js.isolate) : promise_.Get(js.isolate)->Result();
+  if (value.IsEmpty()) value = v8::Undefined(js.isolate);
+  ToJsonOptions options = toJsonOptions("the result");
+  options.maxBytes = static_cast<std::size_t>(js.call.limits.outputBytes);
+  auto converted = toJson(js.context, value, options);
+  if (converted) return std::move(*converted);
+  switch (converted.error().kind) {
+    case ToJsonError::Kind::tooLarge:
+      return CallError{CallErrc::outputTooLarge, converted.error().detail, {}};
+    case ToJsonError::Kind::invalid:
+      return CallError{CallErrc::invalidResult, converted.error().detail, {}};
+    case ToJsonError::Kind::killed:
+      break;
+  }
+  return CallError{CallErrc::cancelled, "stopped", {}};  // the caller reports the kill
+}
+
+Sandbox::Result Sandbox::result() {
+  if (result_) {
+    Result out = std::move(*result_);
+    result_.reset();
+    return out;
+  }
+  return segment([&](JsScope& js) { return convert(js); });
 }
 
 void Sandbox::endCall() {
@@ -358,6 +372,7 @@ void Sandbox::endCall() {
     pending_.clear();
     promise_.Reset();
     value_.Reset();
+    result_.reset();
     // GetHeapStatistics walks every space and page: skip it when the last segment just did.
     std::size_t used = 0;
     if (usedHeapAfterSegment_) {

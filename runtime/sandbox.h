@@ -65,8 +65,13 @@ class Sandbox {
   Step start(const boost::json::object& arguments);
   // Settles completed host operations into their promises and drains microtasks.
   Step resume();
-  // The settled value as JSON (getters run here, inside the call's limits).
-  boost::system::result<boost::json::value, CallError> result();
+  // The settled value as JSON (getters run here, inside the call's limits). A start() or
+  // resume() that left the promise settled with no host operation outstanding already converted
+  // it in its own segment (one lock, watchdog arm and heap measurement fewer per call): then this
+  // only hands it over, and hasResult() is true until it does.
+  using Result = boost::system::result<boost::json::value, CallError>;
+  Result result();
+  bool hasResult() const { return result_.has_value(); }
   // Ends the call: ctx functions reject from now on, no host operation can start, per-call
   // handles are released, and the heap is measured.
   void endCall();
@@ -115,6 +120,9 @@ class Sandbox {
                                                   v8::Local<v8::FixedArray> assertions,
                                                   v8::Local<v8::Module> referrer);
   Step inspect(JsScope& js);
+  // inspect(), and the settled value's conversion when nothing remains for the call to wait for.
+  Step inspectAndConvert(JsScope& js);
+  Result convert(JsScope& js);
   CallError thrown(JsScope& js, v8::Local<v8::Value> exception, CallErrc code,
                    const std::string& what);
   CallError compileError(JsScope& js, v8::TryCatch& tryCatch, const std::string& what);
@@ -137,6 +145,7 @@ class Sandbox {
   // V8's used heap as the call's last segment ended, for endCall (no JavaScript runs between
   // them, so the heap is the same). Reset by beginCall.
   std::optional<std::size_t> usedHeapAfterSegment_;
+  std::optional<Result> result_;  // converted by the segment that saw the call settle
 
   v8::Global<v8::Context> context_;
   v8::Global<v8::Function> main_;  // the default export, once the module evaluated

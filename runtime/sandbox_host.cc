@@ -379,10 +379,6 @@ class HostSide {
       reported_.erase(id);
     }
     json::object message{{"t", "result"}, {"id", id}};
-    // With the result, so that the daemon's list is current when the call returns.
-    if (auto changes = ipc::changesToJson(pool_->changes()); !changes.empty()) {
-      message["sandboxes"] = std::move(changes);
-    }
     if (error) {
       std::string what = "an unknown exception";
       try {
@@ -396,10 +392,26 @@ class HostSide {
     } else {
       message["outcome"] = ipc::outcomeToJson(outcome);
     }
+    // With the result, so that the daemon's list is current when the call returns; the call's
+    // own row in the short form.
+    std::lock_guard lock(reportMutex_);
+    auto changes = pool_->changes();
+    if (!error) {
+      auto& updated = changes.updated;
+      auto own = std::find_if(updated.begin(), updated.end(), [&](const SandboxInfo& info) {
+        return info.revision == outcome.revision;
+      });
+      if (own != updated.end()) {
+        message["own"] = ipc::ownRowToJson(*own);
+        updated.erase(own);
+      }
+    }
+    if (auto rest = ipc::changesToJson(changes); !rest.empty()) message["sandboxes"] = std::move(rest);
     channel_->send(message);
   }
 
   void sendSandboxes() {
+    std::lock_guard lock(reportMutex_);
     json::object message = ipc::changesToJson(pool_->changes());
     if (message.empty()) return;
     message["t"] = "sandboxes";
@@ -467,6 +479,9 @@ class HostSide {
   std::mutex callsMutex_;
   std::map<std::uint64_t, std::function<void()>> calls_;  // by call id: what cancels it
   std::set<std::uint64_t> reported_;                       // stalled calls already reported
+  // Held from SandboxPool::changes() to the send of what it returned: the daemon applies the
+  // changes in the order they were taken.
+  std::mutex reportMutex_;
 };
 
 }  // namespace

@@ -581,6 +581,9 @@ asio::awaitable<CallOutcome> SandboxPool::Impl::run(std::shared_ptr<CallJob> job
     // pause wake it.
     std::optional<Sandbox::Step> failure;  // the first failure; the call still waits for its ops
     while (sandbox.kill() == Kill::none) {
+      // Settled, and converted in that segment: whatever its getters started is aborted at
+      // endCall, as for a conversion in a segment of its own.
+      if (sandbox.hasResult()) break;
       if (step.progress == Sandbox::Progress::failed && !failure) failure = step;
       const bool finished = failure || step.progress == Sandbox::Progress::settled;
       if (finished && call.outstandingOps == 0) break;

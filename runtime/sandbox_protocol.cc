@@ -216,9 +216,20 @@ json::object infoToJson(const SandboxInfo& info) {
 }
 
 SandboxInfo infoFromJson(const json::object& json) {
+  return ownRowFromJson(json, stringField(json, "revision"), stringField(json, "name"));
+}
+
+json::object ownRowToJson(const SandboxInfo& info) {
+  return json::object{{"calls", info.calls},
+                      {"heapBytes", info.heapBytes},
+                      {"idleMs", info.idleMs},
+                      {"busy", info.busy}};
+}
+
+SandboxInfo ownRowFromJson(const json::object& json, std::string revision, std::string name) {
   SandboxInfo info;
-  info.revision = stringField(json, "revision");
-  info.name = stringField(json, "name");
+  info.revision = std::move(revision);
+  info.name = std::move(name);
   info.calls = number<std::uint64_t>(json, "calls");
   info.heapBytes = number<std::uint64_t>(json, "heapBytes");
   info.idleMs = number<std::int64_t>(json, "idleMs");

@@ -32,10 +32,12 @@
 //
 // Host -> daemon
 //   started     {t, id}             call `id` has its sandbox: its wall clock runs from now
-//   result      {t, id, outcome: Outcome, sandboxes?: Changes} |
+//   result      {t, id, outcome: Outcome, own?: OwnRow, sandboxes?: Changes} |
 //               {t, id, exception: string (a bug in the host), sandboxes?: Changes}
-//               `sandboxes` (applied before the outcome is delivered) keeps the daemon's copy of
-//               the retained-sandbox list current when the call returns
+//               `own` and `sandboxes` (applied before the outcome is delivered) keep the daemon's
+//               copy of the retained-sandbox list current when the call returns: `own` is the
+//               row of the call's own revision when Changes has one (the common case, and the
+//               cheaper form), `sandboxes` the rest. Hosts send them in the order they took them.
 //   sandboxes   {t, updated, removed}   Changes, after terminate/discard
 //   stalled     {t, calls: [{id, reason: "timeout" | "cpu-limit" | "memory-limit" |
 //                "array-buffer-limit" | "cancelled"}]}
@@ -53,6 +55,7 @@
 //   Outcome      {revision, logs, usage: {wallMs, cpuMs, heapPeakBytes, freshSandbox},
 //                 value: any} | {..., error: {code: callErrcName(), detail, toolError?}}
 //   SandboxInfo  {revision, name, calls, heapBytes, idleMs, busy}
+//   OwnRow       {calls, heapBytes, idleMs, busy}: a SandboxInfo of the call's revision
 //   Changes      {updated: [SandboxInfo], removed: [revision]}   SandboxPool::changes() since the
 //                last Changes sent: rows to add or replace (least recently used first), then
 //                revisions to drop. The first one the host sends lists every row.
@@ -116,6 +119,9 @@ CallOutcome outcomeFromJson(const boost::json::object& json);
 
 boost::json::object infoToJson(const SandboxInfo& info);
 SandboxInfo infoFromJson(const boost::json::object& json);
+// OwnRow: a SandboxInfo without the revision and name, which the daemon knows from the call.
+boost::json::object ownRowToJson(const SandboxInfo& info);
+SandboxInfo ownRowFromJson(const boost::json::object& json, std::string revision, std::string name);
 
 // Changes (above). Empty when nothing changed.
 boost::json::object changesToJson(const SandboxPool::Changes& changes);

@@ -275,7 +275,7 @@ void registerToolMethods(MethodTable& methods, ToolServices services) {
         if (!resolved) co_return toRpcError(resolved.error());
         registry::ToolRevisionPtr tool = *resolved;
         json::object arguments;
-        if (const auto* given = params.if_contains("arguments")) arguments = given->as_object();
+        if (auto* given = params.if_contains("arguments")) arguments = std::move(given->as_object());
         if (auto violation = tool->parameters.validate(arguments)) {
           co_return toRpcError(registry::RegistryError{RegistryErrc::invalidArguments,
                                                        violation->describe("arguments")});
@@ -309,7 +309,8 @@ void registerToolMethods(MethodTable& methods, ToolServices services) {
             }
             options.limits = requestedLimits(params);
             if (const auto* task = params.if_contains("taskId")) options.invocation["taskId"] = *task;
-            auto outcome = co_await services.sandboxes->call(tool, arguments, std::move(options));
+            auto outcome =
+                co_await services.sandboxes->call(tool, std::move(arguments), std::move(options));
             co_return answerFor(std::move(outcome), *tool);
           }
           case registry::ExecutionClass::externalService: {

@@ -26,24 +26,31 @@ class StrictHandler {
   json::value_stack stack;
   HandlerFailure failure = HandlerFailure::none;
   std::string failureDetail;
+  // Off: keys are only counted (keysSeen), and parseJson compares the count with the keys of the
+  // objects built, which drop a repeated key. On: each object's keys are kept and compared, to
+  // name the key in the error (parseJson's second pass, once the count says there is one).
+  bool trackKeys = false;
+  std::size_t keysSeen = 0;
 
   bool on_document_begin(json::error_code&) { return true; }
   bool on_document_end(json::error_code&) { return true; }
 
   bool on_object_begin(json::error_code&) {
-    keys_.emplace_back();
+    if (trackKeys) keys_.emplace_back();
     return true;
   }
   bool on_object_end(std::size_t n, json::error_code& ec) {
-    auto& keys = keys_.back();
-    if (keys.size() > 1) {
-      std::sort(keys.begin(), keys.end());
-      auto dup = std::adjacent_find(keys.begin(), keys.end());
-      if (dup != keys.end()) {
-        return fail(ec, HandlerFailure::duplicateKey, "duplicate object key \"" + *dup + "\"");
+    if (trackKeys) {
+      auto& keys = keys_.back();
+      if (keys.size() > 1) {
+        std::sort(keys.begin(), keys.end());
+        auto dup = std::adjacent_find(keys.begin(), keys.end());
+        if (dup != keys.end()) {
+          return fail(ec, HandlerFailure::duplicateKey, "duplicate object key \"" + *dup + "\"");
+        }
       }
+      keys_.pop_back();
     }
-    keys_.pop_back();
     stack.push_object(n);
     return true;
   }
@@ -54,14 +61,17 @@ class StrictHandler {
   }
   bool on_key_part(json::string_view s, std::size_t, json::error_code&) {
     stack.push_chars(s);
-    key_.append(s.data(), s.size());
+    if (trackKeys) key_.append(s.data(), s.size());
     return true;
   }
   bool on_key(json::string_view s, std::size_t, json::error_code&) {
     stack.push_key(s);
-    key_.append(s.data(), s.size());
-    keys_.back().push_back(std::move(key_));
-    key_.clear();
+    ++keysSeen;
+    if (trackKeys) {
+      key_.append(s.data(), s.size());
+      keys_.back().push_back(std::move(key_));
+      key_.clear();
+    }
     return true;
   }
   bool on_string_part(json::string_view s, std::size_t, json::error_code&) {
@@ -158,14 +168,37 @@ class StrictHandler {
   std::string number_;
 };
 
-}  // namespace
+// Members of every object in `value`: fewer than the keys the parser saw when an object named a
+// key twice (Boost.JSON keeps the last), whatever the nesting, since a dropped member's own
+// objects drop out of the count too.
+std::size_t countMembers(const json::value& root) {
+  std::size_t members = 0;
+  std::vector<const json::value*> pending{&root};
+  while (!pending.empty()) {
+    const json::value* value = pending.back();
+    pending.pop_back();
+    if (const auto* object = value->if_object()) {
+      members += object->size();
+      for (const auto& member : *object) {
+        if (member.value().is_structured()) pending.push_back(&member.value());
+      }
+    } else if (const auto* array = value->if_array()) {
+      for (const auto& item : *array) {
+        if (item.is_structured()) pending.push_back(&item);
+      }
+    }
+  }
+  return members;
+}
 
-boost::system::result<json::value, JsonParseError> parseJson(std::string_view text,
-                                                             const JsonParseLimits& limits) {
+boost::system::result<json::value, JsonParseError> parseWith(std::string_view text,
+                                                             const JsonParseLimits& limits,
+                                                             bool trackKeys) {
   json::parse_options options;
   options.max_depth = limits.maxDepth;
   json::basic_parser<StrictHandler> parser(options);
   parser.handler().stack.reset();
+  parser.handler().trackKeys = trackKeys;
   json::error_code ec;
   std::size_t used = parser.write_some(false, text.data(), text.size(), ec);
   const auto& handler = parser.handler();
@@ -203,7 +236,21 @@ boost::system::result<json::value, JsonParseError> parseJson(std::string_view te
         JsonParseError::Kind::syntax,
         "invalid JSON at byte " + std::to_string(used) + ": data after the value"};
   }
-  return parser.handler().stack.release();
+  json::value parsed = parser.handler().stack.release();
+  if (!trackKeys && countMembers(parsed) != handler.keysSeen) {
+    // A key repeated somewhere: parse again, keeping keys, to say which.
+    auto named = parseWith(text, limits, true);
+    if (!named && named.error().kind == JsonParseError::Kind::duplicateKey) return named.error();
+    return JsonParseError{JsonParseError::Kind::duplicateKey, "duplicate object key"};
+  }
+  return parsed;
+}
+
+}  // namespace
+
+boost::system::result<json::value, JsonParseError> parseJson(std::string_view text,
+                                                             const JsonParseLimits& limits) {
+  return parseWith(text, limits, false);
 }
 
 std::size_t jsonDepth(const json::value& value) {

@@ -1112,7 +1112,7 @@ ProcessSandboxPool::~ProcessSandboxPool() { impl_->shutdown(); }
 const RuntimeConfig& ProcessSandboxPool::config() const { return impl_->config; }
 
 asio::awaitable<CallOutcome> ProcessSandboxPool::call(registry::ToolRevisionPtr tool,
-                                                      const json::object& arguments,
+                                                      json::object arguments,
                                                       CallOptions options) {
   // Already cancelled: the co_await below would throw; answer like any other cancelled call.
   auto state = co_await asio::this_coro::cancellation_state;
@@ -1123,14 +1123,13 @@ asio::awaitable<CallOutcome> ProcessSandboxPool::call(registry::ToolRevisionPtr 
   if (!tool) throw std::invalid_argument("ProcessSandboxPool::call without a tool revision");
   auto admission = admitCall(*tool, options, impl_->config);
   if (!admission) co_return failedOutcome(tool, std::move(admission.error()));
-  // `arguments` is copied here, before the first suspension.
   json::object message{
       {"t", "call"},
       {"revision", tool->revision},
-      {"arguments", arguments},
       {"mode", options.mode == CallOptions::Mode::disposable ? "disposable" : "retained"},
-      {"limits", ipc::limitsToJson(options.limits)},
-      {"invocation", std::move(options.invocation)}};
+      {"limits", ipc::limitsToJson(options.limits)}};
+  message.emplace("arguments", std::move(arguments));
+  message.emplace("invocation", std::move(options.invocation));
   co_return co_await impl_->asyncCall(std::move(message), std::move(tool), *admission,
                                       asio::use_awaitable);
 }

@@ -75,7 +75,7 @@ class ProcessSandboxPool final : public ToolRunner {
 
   // ToolRunner (see there).
   boost::asio::awaitable<CallOutcome> call(registry::ToolRevisionPtr tool,
-                                           const boost::json::object& arguments,
+                                           boost::json::object arguments,
                                            CallOptions options) override;
   std::vector<SandboxInfo> list() const override;
   bool terminate(const std::string& revision) override;

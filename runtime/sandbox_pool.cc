@@ -396,14 +396,13 @@ SandboxPool::~SandboxPool() {
 const RuntimeConfig& SandboxPool::config() const { return impl_->config; }
 
 asio::awaitable<CallOutcome> SandboxPool::call(registry::ToolRevisionPtr tool,
-                                               const json::object& arguments, CallOptions options) {
+                                               json::object arguments, CallOptions options) {
   // Already cancelled: the co_await below would throw; answer like any other cancelled call.
   // (Nothing suspends between this check and that co_await, so no cancel can slip in between.)
   auto state = co_await asio::this_coro::cancellation_state;
   if (state.cancelled() != asio::cancellation_type::none) {
     co_return Impl::failed(tool, CallErrc::cancelled, "the caller cancelled the call");
   }
-  // `arguments` is copied here, before the first suspension.
   auto admitted = impl_->admit(std::move(tool), arguments, std::move(options));
   if (auto* outcome = std::get_if<CallOutcome>(&admitted)) co_return std::move(*outcome);
   co_return co_await impl_->asyncCall(std::get<std::shared_ptr<CallJob>>(std::move(admitted)),

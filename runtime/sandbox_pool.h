@@ -72,7 +72,7 @@ class SandboxPool final : public ToolRunner {
 
   // ToolRunner (see there).
   boost::asio::awaitable<CallOutcome> call(registry::ToolRevisionPtr tool,
-                                           const boost::json::object& arguments,
+                                           boost::json::object arguments,
                                            CallOptions options) override;
   std::vector<SandboxInfo> list() const override;
 

@@ -36,7 +36,7 @@ class ToolRunner {
   // heapMb or arrayBufferMb below what the retained sandbox was built with). Expected failures
   // are CallErrors; an exception means a bug.
   virtual boost::asio::awaitable<CallOutcome> call(registry::ToolRevisionPtr tool,
-                                                   const boost::json::object& arguments,
+                                                   boost::json::object arguments,
                                                    CallOptions options) = 0;
 
   // Each retained sandbox, least recently used first.

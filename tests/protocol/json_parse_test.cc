@@ -165,6 +165,13 @@ TEST_CASE("duplicate keys are refused at any depth", "[json_parse]") {
         2);
 
   CHECK(refused(R"({"a":1,"a":2})").detail.find("\"a\"") != std::string::npos);
+  // The repeated key's first value held objects of its own, which vanish with it: still refused,
+  // and named.
+  auto nested = refused(R"({"k":{"x":{"y":1},"z":[{"w":2}]},"m":0,"k":3})");
+  CHECK(nested.kind == Kind::duplicateKey);
+  CHECK(nested.detail.find("\"k\"") != std::string::npos);
+  CHECK(refused(R"([{"a":{"b":1,"c":2}},{"d":{"e":{"f":1}},"d":{"e":{"f":1}}}])").kind ==
+        Kind::duplicateKey);
 
   // The same key in different objects is fine.
   CHECK(parsed(R"({"a":{"a":{"a":1}}})").is_object());

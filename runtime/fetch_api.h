@@ -36,8 +36,18 @@ v8::MaybeLocal<v8::Function> installFetchPrelude(v8::Local<v8::Context> context)
 // Compiles and runs `source` (a script whose value is a factory function) in `context`, then
 // calls the factory with `argument`; returns what it made, which must be a function. For code
 // that runs before any tool code. Empty if V8 refused or the script misbehaved.
+// The first compile of each source in this process leaves a code cache that later compiles of it
+// consume instead of parsing (V8 falls back to the source if it refuses the cache).
 v8::MaybeLocal<v8::Function> runPreludeFactory(v8::Local<v8::Context> context, const char* name,
                                                const char* source, v8::Local<v8::Value> argument);
+
+// What the preludes' code caches did in this process: made, consumed, refused by V8.
+struct PreludeCacheStats {
+  std::uint64_t made = 0;
+  std::uint64_t consumed = 0;
+  std::uint64_t rejected = 0;
+};
+PreludeCacheStats preludeCacheStats();
 
 // fetch(input, init) as the request handed to the host. Empty with an exception pending: a
 // TypeError (code "invalid-argument") naming what is wrong, an Error with code

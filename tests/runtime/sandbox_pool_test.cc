@@ -2,6 +2,8 @@
 // modules, the ctx doors, console, serialization, parallelism, cancellation, eviction, limits.
 #include "tests/runtime/runtime_test_support.h"
 
+#include "runtime/fetch_api.h"
+
 #include <catch2/catch.hpp>
 
 #include <boost/json/parse.hpp>
@@ -80,6 +82,28 @@ TEST_CASE("module state is retained per revision, disposable calls get a fresh m
   CHECK_FALSE(list[1].busy);
   CHECK(list[1].heapBytes > 0);
   CHECK(list[1].idleMs >= 0);
+}
+
+TEST_CASE("the preludes are parsed once per process and later sandboxes take their code cache",
+          "[pool]") {
+  PoolFixture f;
+  auto tool = makeTool(
+      "export default async (args, ctx) => ({tool: ctx.tool.name, fetch: typeof fetch, "
+      "frozen: Object.isFrozen(ctx)})");
+  const auto before = preludeCacheStats();
+  for (int i = 0; i < 3; ++i) {
+    auto outcome = f.call(tool, {}, disposable());
+    INFO(describe(outcome));
+    REQUIRE(outcome.result);
+    CHECK(outcome.usage.freshSandbox);
+    CHECK(*outcome.result == json::parse(
+                                 R"({"tool":"test-tool","fetch":"function","frozen":true})"));
+  }
+  const auto after = preludeCacheStats();
+  CHECK(after.made == 2);  // the ctx factory and the fetch prelude, once each
+  // At most two sandboxes were ready before: the third call's was built since, from the caches.
+  CHECK(after.consumed - before.consumed >= 2);
+  CHECK(after.rejected == 0);
 }
 
 TEST_CASE("a tool that throws keeps its sandbox, the error says what was thrown", "[pool]") {

@@ -23,7 +23,6 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <deque>
 #include <map>
 #include <mutex>
@@ -236,9 +235,17 @@ struct SandboxPool::Impl {
   std::deque<std::unique_ptr<Sandbox>> spares;  // ready to be taken
   unsigned sparesQueued = 0;                    // builds posted to the workers, not begun
   unsigned sparesRunning = 0;                   // builds under way on a worker
-  std::condition_variable spareBuilt;           // a running build ended
   std::uint64_t sparesBuilt = 0;
   std::uint64_t sparesTaken = 0;
+  // A first call waiting for a build under way, suspended on its slot's strand (its worker is
+  // free meanwhile, to run another build or call). The next build to end is its shell.
+  struct SpareWaiter {
+    explicit SpareWaiter(const asio::any_io_executor& strand) : wake(strand) {}
+    asio::steady_timer wake;       // cancelled, on the waiter's strand, once answered
+    bool answered = false;         // under mutex
+    std::unique_ptr<Sandbox> shell;  // under mutex: the answer (nullptr: build one yourself)
+  };
+  std::deque<std::shared_ptr<SpareWaiter>> spareWaiters;  // oldest first
 
   void requestSparesLocked() {
     if (stopping || !spareSettings) return;
@@ -265,29 +272,60 @@ struct SandboxPool::Impl {
     }
     std::lock_guard lock(mutex);
     --sparesRunning;
-    if (!stopping && shell && spares.size() < config.prewarmed) {
-      spares.push_back(std::move(shell));
-      ++sparesBuilt;
+    if (!stopping && shell) {
+      if (!spareWaiters.empty()) {
+        ++sparesBuilt;
+        ++sparesTaken;
+        answerLocked(std::move(shell));
+        requestSparesLocked();
+      } else if (spares.size() < config.prewarmed) {
+        ++sparesBuilt;
+        spares.push_back(std::move(shell));
+      }
     }
-    spareBuilt.notify_all();
+    // No waiter waits for a build that will not come (this one failed, or the pool stops).
+    while (spareWaiters.size() > (stopping ? 0 : sparesRunning)) answerLocked(nullptr);
+  }
+
+  void answerLocked(std::unique_ptr<Sandbox> shell) {
+    auto waiter = std::move(spareWaiters.front());
+    spareWaiters.pop_front();
+    waiter->shell = std::move(shell);
+    waiter->answered = true;
+    asio::post(waiter->wake.get_executor(), [waiter] { waiter->wake.cancel(); });
   }
 
   // A shell if one was built with `settings` (asking for its replacement), or nullptr. With none
-  // ready, a build already running on another worker is waited for: it is further along than a
-  // sandbox made now would be, and waiting for it cannot deadlock (it holds nothing the caller
-  // holds). A build still queued is not: every worker might be waiting for it.
-  std::unique_ptr<Sandbox> takeSpare(const SandboxSettings& settings) {
-    std::unique_lock lock(mutex);
-    if (spareSettings != settings) return nullptr;
-    spareBuilt.wait(lock, [&] { return !spares.empty() || sparesRunning == 0; });
-    std::unique_ptr<Sandbox> taken;
-    if (!spares.empty()) {
-      taken = std::move(spares.front());
-      spares.pop_front();
-      ++sparesTaken;
+  // ready, a build already under way on another worker and not promised to an earlier waiter is
+  // waited for, suspended: it is further along than a sandbox made now would be, and the worker
+  // this call leaves is free to start the next build meanwhile.
+  asio::awaitable<std::unique_ptr<Sandbox>> takeSpare(const SandboxSettings& settings,
+                                                      const asio::any_io_executor& strand) {
+    std::shared_ptr<SpareWaiter> waiter;
+    {
+      std::lock_guard lock(mutex);
+      if (spareSettings != settings) co_return nullptr;
+      if (!spares.empty()) {
+        auto taken = std::move(spares.front());
+        spares.pop_front();
+        ++sparesTaken;
+        requestSparesLocked();
+        co_return taken;
+      }
+      requestSparesLocked();
+      if (stopping || sparesRunning <= spareWaiters.size()) co_return nullptr;
+      waiter = std::make_shared<SpareWaiter>(strand);
+      spareWaiters.push_back(waiter);
     }
-    requestSparesLocked();
-    return taken;
+    for (;;) {
+      {
+        std::lock_guard lock(mutex);
+        if (waiter->answered) co_return std::move(waiter->shell);
+      }
+      // The answer's cancel is posted to this strand, which this coroutine holds until it waits.
+      waiter->wake.expires_at(asio::steady_timer::time_point::max());
+      co_await waiter->wake.async_wait(asio::as_tuple(asio::use_awaitable));
+    }
   }
 
   WorkerThreads workers;  // last: joined first
@@ -381,6 +419,7 @@ SandboxPool::~SandboxPool() {
     std::lock_guard lock(impl_->mutex);
     impl_->stopping = true;
     live.assign(impl_->jobs.begin(), impl_->jobs.end());
+    while (!impl_->spareWaiters.empty()) impl_->answerLocked(nullptr);
   }
   for (const auto& job : live) job->cancel("the runtime is shutting down");
   live.clear();
@@ -550,7 +589,7 @@ asio::awaitable<CallOutcome> SandboxPool::Impl::run(std::shared_ptr<CallJob> job
   const auto started = Clock::now();
   call.deadline = started + std::chrono::milliseconds(call.limits.wallMs);
   if (!slot.sandbox) {
-    if (auto shell = takeSpare(slot.settings)) {
+    if (auto shell = co_await takeSpare(slot.settings, slot.strand)) {
       shell->adopt(job->tool);
       slot.sandbox = std::move(shell);
     } else {

@@ -872,6 +872,36 @@ TEST_CASE("a pre-warmed shell serves one revision only and is replaced once take
   CHECK(names == std::vector<std::string>{"first", "fourth", "second", "third"});
 }
 
+TEST_CASE("first calls faster than shells are built wait for the builds under way",
+          "[pool][prewarm]") {
+  RuntimeConfig config = testConfig();
+  config.prewarmed = 1;  // one shell: each next call finds its replacement being built
+  PoolFixture f(config);
+  const unsigned kept = 1;
+  awaitSpare(f.pool, kept);
+  // First calls back to back, as fast as the pool answers: the ready shells go at once, and
+  // later calls find the replacements still being built and wait for them (or build their own).
+  // No shell may serve two revisions.
+  const char* marking = "const seen = globalThis.owner ?? 'none'; globalThis.owner = '$';"
+                        "export default () => seen;";
+  const int calls = 12;
+  for (int i = 0; i < calls; ++i) {
+    std::string source = marking;
+    source.replace(source.find('$'), 1, std::to_string(i));
+    auto outcome = f.call(makeTool(source, {}, {}, "first-" + std::to_string(i)));
+    INFO(describe(outcome));
+    REQUIRE(outcome.result);
+    CHECK(*outcome.result == "none");
+    CHECK(outcome.usage.freshSandbox);
+  }
+  // Every shell built went to exactly one call or is still ready; none was lost or doubled.
+  auto after = awaitSpare(f.pool, kept);
+  CHECK(after.taken > kept);  // more than the ready ones: some calls took builds under way
+  CHECK(after.taken <= static_cast<std::uint64_t>(calls));
+  CHECK(after.built == after.taken + after.ready);
+  CHECK(f.pool.list().size() == static_cast<std::size_t>(calls));
+}
+
 TEST_CASE("as many shells are kept as configured, and none with prewarmed = 0",
           "[pool][prewarm]") {
   SECTION("three, taken by three first calls in a row") {

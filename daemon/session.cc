@@ -230,9 +230,14 @@ void Session::spawnRequest(protocol::Request request, std::shared_ptr<BatchState
   auto key = nextRequestKey_++;
   auto signal = std::make_shared<asio::cancellation_signal>();
   requests_.emplace(key, signal);
-  if (request.id) requestKeysById_.emplace(protocol::writeJson(*request.id), key);
+  std::optional<std::string> idText;
+  if (request.id) {
+    idText = protocol::writeJson(*request.id);
+    requestKeysById_.emplace(*idText, key);
+  }
   asio::co_spawn(socket_.get_executor(),
-                 serveRequest(shared_from_this(), std::move(request), std::move(batch), index, key),
+                 serveRequest(shared_from_this(), std::move(request), std::move(idText),
+                              std::move(batch), index, key),
                  // The signal holds the request coroutine's cancellation state, which the
                  // coroutine touches until its very end (after serveRequest() erased it from
                  // requests_): the handler keeps it, and lets it go only in a later handler on
@@ -246,16 +251,15 @@ void Session::spawnRequest(protocol::Request request, std::shared_ptr<BatchState
 }
 
 asio::awaitable<void> Session::serveRequest(std::shared_ptr<Session> self, protocol::Request request,
+                                            std::optional<std::string> idText,
                                             std::shared_ptr<BatchState> batch, std::size_t index,
                                             std::uint64_t key) {
   CallContext context;
   context.connectionId = id_;
-  context.requestId = request.id ? protocol::writeJson(*request.id) : "-";
+  context.requestId = idText.value_or("-");
   context.peer = peer_;
   context.roles = roles_;
   context.session = self;
-  std::optional<std::string> idText;
-  if (request.id) idText = protocol::writeJson(*request.id);
   auto response = co_await dispatcher_.serve(context, std::move(request));
   requests_.erase(key);
   if (idText) {

@@ -64,7 +64,9 @@ class Session : public std::enable_shared_from_this<Session> {
 
   boost::asio::awaitable<void> readLoop();
   boost::asio::awaitable<void> writeLoop(std::shared_ptr<Session> self);
+  // idText: the request's id as JSON text (its key in requestKeysById_), if it has one.
   boost::asio::awaitable<void> serveRequest(std::shared_ptr<Session> self, protocol::Request request,
+                                            std::optional<std::string> idText,
                                             std::shared_ptr<BatchState> batch, std::size_t index,
                                             std::uint64_t key);
   boost::asio::awaitable<void> waitForWake();

@@ -109,7 +109,12 @@ int runReport(const ReportOptions& options) {
       << "% stolen by the hypervisor\n";
   out << "- Daemon: " << f.text("meta.daemon_config") << "\n";
   out << "- Client: one connection; throughput phases of " << f.text("meta.duration_s")
-      << " s each; sequential p50/p99 over " << format(n("daemon.seq.calls"), "calls") << "\n\n";
+      << " s each; sequential p50/p99 over " << format(n("daemon.seq.calls"), "calls");
+  if (const std::string rounds = f.text("meta.rounds"); rounds != "n/a") {
+    out << "; the warm-call figures (echo and toolhostd alike) are the medians of " << rounds
+        << " rounds, each running the client against the echo server and then toolhostd";
+  }
+  out << "\n\n";
   out << "| measurement | toolhostd | floor | floor value | ratio | target | met |\n";
   out << "|---|---:|---|---:|---:|---:|---|\n";
   for (const auto& row : rows) {

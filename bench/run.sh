@@ -8,9 +8,10 @@
 #   bench/run.sh [BUILD_DIR]        (default build/release; `make bench` builds and runs it)
 #
 # Environment: BENCH_DURATION (seconds per throughput phase, default 3), BENCH_SEQUENTIAL (timed
-# sequential calls, default 5000), BENCH_REVISIONS (fresh revisions for the cold-call and RSS
-# phase, default 1000), BENCH_JIT (1: V8 with its JIT, in the daemon and the floors alike),
-# BENCH_COMMIT and BENCH_COMMIT_NOTE (below).
+# sequential calls, default 5000), BENCH_ROUNDS (rounds of the warm-call client, each against the
+# echo server and then the daemon; the figures are the medians, default 3), BENCH_REVISIONS
+# (fresh revisions for the cold-call and RSS phase, default 1000), BENCH_JIT (1: V8 with its JIT,
+# in the daemon and the floors alike), BENCH_COMMIT and BENCH_COMMIT_NOTE (below).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -22,6 +23,7 @@ CTL=$BUILD/cli/toolhostctl
 DURATION=${BENCH_DURATION:-3}
 SEQUENTIAL=${BENCH_SEQUENTIAL:-5000}
 REVISIONS=${BENCH_REVISIONS:-1000}
+ROUNDS=${BENCH_ROUNDS:-3}
 INFLIGHT=1,16,64
 # V8's JIT in the daemon and in the in-process floors alike: off (--jitless) as the daemon's
 # default, on with BENCH_JIT=1.
@@ -112,13 +114,9 @@ step "in-process V8: isolate create + call (100 kept alive), RSS per isolate (10
 "$BENCH" v8-floor --isolates "100,$REVISIONS" "${JIT_FLAG[@]}" --prefix v8. >>"$FIGURES"
 
 # --- The transport floor: bare Asio NDJSON echo -----------------------------------------------
-step "echo server: sequential, then 1/16/64 in flight for ${DURATION}s each"
 "$BENCH" echo-server "$WORK/echo.sock" 2>"$WORK/echo.log" &
 ECHO_PID=$!
 wait_for_socket "$WORK/echo.sock" "$ECHO_PID"
-"$BENCH" client "$WORK/echo.sock" "${CLIENT_ARGS[@]}" --server-pid "$ECHO_PID" --prefix echo. >>"$FIGURES"
-stop "$ECHO_PID"
-ECHO_PID=""
 
 # --- toolhostd (release) ----------------------------------------------------------------------
 cat >"$WORK/toolhost.toml" <<EOF
@@ -147,8 +145,32 @@ REVISION=$(sed -E 's/.*"revision":"([^"]+)".*/\1/' <<<"$INSTALLED")
 "$CTL" --socket "$SOCKET" --compact call tools.activate \
   "{\"name\":\"bench-echo\",\"revision\":\"$REVISION\",\"replace\":true}" >/dev/null
 
-step "toolhostd: sequential, then 1/16/64 in flight for ${DURATION}s each"
-"$BENCH" client "$SOCKET" "${CLIENT_ARGS[@]}" --server-pid "$DAEMON_PID" --prefix daemon. >>"$FIGURES"
+# The warm call, against the echo server and then the daemon, ROUNDS times: the machine's noise
+# (other virtual machines on the host) moves each figure by 10-20% from one run to the next, and
+# it moves the floor and the daemon alike when they are measured close together. The figures
+# reported are the medians of the rounds.
+for round in $(seq "$ROUNDS"); do
+  step "round $round/$ROUNDS: echo server, then toolhostd: sequential, then 1/16/64 in flight for ${DURATION}s each"
+  "$BENCH" client "$WORK/echo.sock" "${CLIENT_ARGS[@]}" --server-pid "$ECHO_PID" \
+    --prefix "echo.round$round." >>"$WORK/rounds.txt"
+  "$BENCH" client "$SOCKET" "${CLIENT_ARGS[@]}" --server-pid "$DAEMON_PID" \
+    --prefix "daemon.round$round." >>"$WORK/rounds.txt"
+done
+stop "$ECHO_PID"
+ECHO_PID=""
+# "echo.round2.seq.p50_us 17.3" -> the median of each figure over the rounds, as "echo.seq.p50_us".
+awk '{ key = $1; sub(/\.round[0-9]+\./, ".", key); values[key] = values[key] " " $2 }
+     END {
+       for (key in values) {
+         n = split(substr(values[key], 2), v, " ")
+         for (i = 2; i <= n; i++) for (j = i; j > 1 && v[j - 1] + 0 > v[j] + 0; j--) {
+           t = v[j]; v[j] = v[j - 1]; v[j - 1] = t
+         }
+         median = n % 2 ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2
+         print key, median
+       }
+     }' "$WORK/rounds.txt" | sort >>"$FIGURES"
+figure meta.rounds "$ROUNDS"
 
 step "toolhostd: $REVISIONS fresh revisions: first call of each, RSS after 100 and $REVISIONS"
 "$BENCH" cold "$SOCKET" --count "$REVISIONS" --checkpoints "100,$REVISIONS" --server-pid "$DAEMON_PID" \

@@ -21,7 +21,8 @@
 //    ready, built on the worker threads after startup and after each time one is taken. The
 //    first call of a revision (retained or disposable) whose heapMb and arrayBufferMb equal those
 //    of a manifest without limits takes one and only compiles and evaluates its module there
-//    (with none ready, it waits for a build already running on another worker); every other
+//    (with none ready, it waits, suspended and without holding its worker, for a build already
+//    running on another worker that no earlier call is waiting for); every other
 //    first call builds its sandbox on demand. A taken shell belongs to that one sandbox and is
 //    disposed with it. Shells are not retained sandboxes: list(), maxRetained and memoryBudgetMb
 //    leave them out.

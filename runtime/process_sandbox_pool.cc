@@ -235,7 +235,9 @@ struct Process : std::enable_shared_from_this<Process> {
   std::unordered_map<std::string, KnownSandbox> sandboxes;
   std::uint64_t sandboxReports = 0;
   void applySandboxChanges(const json::object& changes);
-  void applySandboxRow(SandboxInfo info);  // one row added or replaced
+  // The row of `tool`'s sandbox from a result's `own` (OwnRow), added or updated.
+  void applyOwnRow(const registry::ToolRevision& tool, const json::object& row);
+  void reported(KnownSandbox& known);  // its row was just reported: when it was last used
   // Tools the host has cached, most recently used first.
   std::list<std::string> toolOrder;
   std::unordered_map<std::string, std::list<std::string>::iterator> toolsSent;
@@ -411,15 +413,27 @@ void OperationProxy::onAbort(std::function<void()> abort) {
 
 void Process::applySandboxChanges(const json::object& changes) {
   auto [updated, removed] = ipc::changesFromJson(changes);
-  for (auto& info : updated) applySandboxRow(std::move(info));
+  for (auto& info : updated) {
+    KnownSandbox& known = sandboxes[info.revision];
+    known.info = std::move(info);
+    reported(known);
+  }
   for (const auto& revision : removed) sandboxes.erase(revision);
 }
 
-void Process::applySandboxRow(SandboxInfo info) {
-  KnownSandbox& known = sandboxes[info.revision];
-  known.lastUsed = Clock::now() - milliseconds(info.idleMs);
+void Process::applyOwnRow(const registry::ToolRevision& tool, const json::object& row) {
+  KnownSandbox& known = sandboxes[tool.revision];
+  if (known.info.revision.empty()) {  // a row the daemon did not have yet
+    known.info.revision = tool.revision;
+    known.info.name = tool.name;
+  }
+  ipc::readOwnRow(row, known.info);
+  reported(known);
+}
+
+void Process::reported(KnownSandbox& known) {
+  known.lastUsed = Clock::now() - milliseconds(known.info.idleMs);
   known.order = ++sandboxReports;
-  known.info = std::move(info);
 }
 
 void Process::opPaused(std::uint64_t op) {
@@ -853,8 +867,7 @@ void ProcessSandboxPool::Impl::handle(const std::shared_ptr<Process>& process,
       if (found == process->calls.end()) return;
       if (const auto* own = message.if_contains("own")) {
         if (!own->is_object()) throw ipc::ProtocolError("\"own\" is not an object");
-        const auto& tool = *found->second.tool;
-        process->applySandboxRow(ipc::ownRowFromJson(own->get_object(), tool.revision, tool.name));
+        process->applyOwnRow(*found->second.tool, own->get_object());
       }
       call = std::move(found->second);
       process->calls.erase(found);

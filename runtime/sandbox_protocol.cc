@@ -211,12 +211,17 @@ CallOutcome outcomeFromJson(const json::object& json) {
 }
 
 json::object infoToJson(const SandboxInfo& info) {
-  return json::object{{"revision", info.revision},   {"name", info.name},     {"calls", info.calls},
-                      {"heapBytes", info.heapBytes}, {"idleMs", info.idleMs}, {"busy", info.busy}};
+  json::object out{{"revision", info.revision}, {"name", info.name}};
+  for (auto& member : ownRowToJson(info)) out.emplace(member.key(), std::move(member.value()));
+  return out;
 }
 
 SandboxInfo infoFromJson(const json::object& json) {
-  return ownRowFromJson(json, stringField(json, "revision"), stringField(json, "name"));
+  SandboxInfo info;
+  info.revision = stringField(json, "revision");
+  info.name = stringField(json, "name");
+  readOwnRow(json, info);
+  return info;
 }
 
 json::object ownRowToJson(const SandboxInfo& info) {
@@ -226,15 +231,11 @@ json::object ownRowToJson(const SandboxInfo& info) {
                       {"busy", info.busy}};
 }
 
-SandboxInfo ownRowFromJson(const json::object& json, std::string revision, std::string name) {
-  SandboxInfo info;
-  info.revision = std::move(revision);
-  info.name = std::move(name);
+void readOwnRow(const json::object& json, SandboxInfo& info) {
   info.calls = number<std::uint64_t>(json, "calls");
   info.heapBytes = number<std::uint64_t>(json, "heapBytes");
   info.idleMs = number<std::int64_t>(json, "idleMs");
   info.busy = boolField(json, "busy");
-  return info;
 }
 
 json::object changesToJson(const SandboxPool::Changes& changes) {

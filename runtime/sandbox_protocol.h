@@ -121,7 +121,8 @@ boost::json::object infoToJson(const SandboxInfo& info);
 SandboxInfo infoFromJson(const boost::json::object& json);
 // OwnRow: a SandboxInfo without the revision and name, which the daemon knows from the call.
 boost::json::object ownRowToJson(const SandboxInfo& info);
-SandboxInfo ownRowFromJson(const boost::json::object& json, std::string revision, std::string name);
+// Reads an OwnRow's fields into `info`, leaving its revision and name as they are.
+void readOwnRow(const boost::json::object& json, SandboxInfo& info);
 
 // Changes (above). Empty when nothing changed.
 boost::json::object changesToJson(const SandboxPool::Changes& changes);

@@ -46,7 +46,7 @@ std::uint64_t selfRssKb();
 
 struct EchoServerOptions {
   std::filesystem::path socket;
-  unsigned threads = 2;  // as the daemon's default [server] io_threads
+  unsigned threads = 1;  // as the daemon's default [server] io_threads
 };
 int runEchoServer(const EchoServerOptions& options);
 

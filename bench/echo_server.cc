@@ -5,7 +5,7 @@
 // a response with the same id and the params as the result (protocol::resultResponse), and write
 // it as one line (protocol::encodeLine). Responses to every line of one read go out in one write.
 // One coroutine per connection, each on its own strand; the io_context runs on `threads` threads
-// (2, the daemon's default io_threads). Stops on SIGINT or SIGTERM.
+// (1, the daemon's default io_threads). Stops on SIGINT or SIGTERM.
 #include "bench/bench.h"
 #include "protocol/framing.h"
 #include "protocol/jsonrpc.h"

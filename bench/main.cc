@@ -16,7 +16,7 @@ int main(int argc, char** argv) {
   EchoServerOptions echo;
   auto* echoCommand = app.add_subcommand("echo-server", "a bare Asio NDJSON JSON-RPC echo server (the transport floor)");
   echoCommand->add_option("socket", echo.socket, "Unix socket path to listen on")->required();
-  echoCommand->add_option("--threads", echo.threads, "I/O threads (default 2, as the daemon's io_threads)");
+  echoCommand->add_option("--threads", echo.threads, "I/O threads (default 1, as the daemon's io_threads)");
 
   ClientOptions client;
   std::string pid;

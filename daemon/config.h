@@ -51,7 +51,7 @@ struct Config {
   std::optional<gid_t> socketGroup;  // socket mode 0660 with this group, else 0600
   std::filesystem::path stateDir;
   std::size_t mapSizeMb = 1024;
-  unsigned ioThreads = 2;
+  unsigned ioThreads = 1;
   std::chrono::milliseconds shutdownGrace{10000};
   protocol::WireLimits limits;
   std::string logLevel = "info";

@@ -3,6 +3,7 @@
 
 #include "daemon/capability_host.h"
 #include "daemon/config.h"
+#include "daemon/disk_thread.h"
 #include "daemon/dispatcher.h"
 #include "daemon/external_tools.h"
 #include "daemon/logging.h"
@@ -64,7 +65,7 @@ namespace {
 // toolhostd was built with it and it won the symbol lookup ahead of libc, else libc's.
 std::string mallocName() {
 #ifdef TOOLHOST_MIMALLOC
-  void* probe = std::malloc(64);
+  void* probe = std::calloc(1, 64);  // calloc: nothing uninitialized is handed on
   const bool mimalloc = mi_is_in_heap_region(probe);
   std::free(probe);
   if (mimalloc) {
@@ -174,6 +175,9 @@ int run(const daemon::Config& config, const daemon::CommandLine& commandLine) {
   daemon::MediationServices mediation{decisions, approvals, audit, *http, configs, &secrets};
 
   asio::io_context io(static_cast<int>(config.ioThreads));
+  // The methods' LMDB writes wait for the disk here, not on an I/O thread (daemon/disk_thread.h).
+  // Stopped below once the I/O threads are done, before anything it serves is destroyed.
+  daemon::DiskThread disk;
 
   // Sandboxed JavaScript: V8 workers, retained sandboxes, the watchdog. The pool is destroyed
   // first (its calls end and abort their operations), then the capability host, then the
@@ -196,14 +200,14 @@ int run(const daemon::Config& config, const daemon::CommandLine& commandLine) {
   daemon::MethodTable methods;
   daemon::registerMetaMethods(methods, facts);
   daemon::registerToolMethods(methods,
-                              daemon::ToolServices{registry, &sandboxes, &externalTools, &secrets});
+                              daemon::ToolServices{registry, disk, &sandboxes, &externalTools, &secrets});
   daemon::registerPopupMethods(methods, popups);
   daemon::registerSandboxMethods(methods, sandboxes);
-  daemon::registerTaskMethods(methods, taskStore);
-  daemon::registerStorageMethods(methods, toolStorage);
+  daemon::registerTaskMethods(methods, taskStore, disk);
+  daemon::registerStorageMethods(methods, toolStorage, disk);
   daemon::registerPolicyMethods(
-      methods, daemon::PolicyServices{registry, decisions, approvals, audit, configs});
-  daemon::registerSecretMethods(methods, daemon::SecretServices{registry, **vault, audit, configs});
+      methods, daemon::PolicyServices{registry, decisions, approvals, audit, disk, configs});
+  daemon::registerSecretMethods(methods, daemon::SecretServices{registry, **vault, audit, disk, configs});
   daemon::Dispatcher dispatcher(methods);
 
   daemon::Server server(io, configs, dispatcher);
@@ -225,6 +229,8 @@ int run(const daemon::Config& config, const daemon::CommandLine& commandLine) {
   for (unsigned i = 1; i < config.ioThreads; ++i) threads.emplace_back([&io] { io.run(); });
   io.run();
   for (auto& thread : threads) thread.join();
+  // After a forced stop, jobs may still be queued: they run now, while what they use is alive.
+  disk.stop();
   return 0;
 }
 

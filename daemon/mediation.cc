@@ -25,12 +25,6 @@ int sextet(char c) {
   return -1;
 }
 
-void append(policy::AuditLog& audit, policy::AuditEntry entry) {
-  if (auto appended = audit.append(std::move(entry)); !appended) {
-    spdlog::warn("cannot append to the audit log: {}", appended.error().message());
-  }
-}
-
 }  // namespace
 
 policy::FetchLimits fetchLimits(const Config& config) {
@@ -133,7 +127,7 @@ void auditRequest(policy::AuditLog& audit, const RequestRecord& record) {
   entry.status = record.status;
   entry.bytes = record.bytes;
   entry.durationMs = record.duration.count();
-  append(audit, std::move(entry));
+  audit.append(std::move(entry));
 }
 
 void auditRefusal(policy::AuditLog& audit, const std::string& toolRevision,
@@ -148,7 +142,7 @@ void auditRefusal(policy::AuditLog& audit, const std::string& toolRevision,
   entry.access = access;
   entry.verdict = "deny";
   entry.reason = "refused before authorization: " + std::string(code);
-  append(audit, std::move(entry));
+  audit.append(std::move(entry));
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -106,13 +106,9 @@ json::object withKey(json::object extra, const policy::DecisionKey& key) {
   return extra;
 }
 
-void auditChange(policy::AuditLog& audit, const policy::DecisionStore& decisions,
-                 policy::AuditEntry entry) {
+void auditChange(policy::AuditLog& audit, policy::AuditEntry entry) {
   entry.kind = "change";
-  if (auto appended = audit.append(std::move(entry)); !appended) {
-    spdlog::warn("policy: cannot append to the audit log: {}",
-                 decisions.describe(appended.error()));
-  }
+  audit.append(std::move(entry));
 }
 
 }  // namespace
@@ -121,6 +117,7 @@ void registerPolicyMethods(MethodTable& methods, PolicyServices services) {
   policy::ApprovalBroker& approvals = services.approvals;
   policy::DecisionStore& decisions = services.decisions;
   policy::AuditLog& audit = services.audit;
+  DiskThread& disk = services.disk;
   registry::Registry& registry = services.registry;
   const ConfigHolder& configs = services.configs;
 
@@ -164,11 +161,15 @@ void registerPolicyMethods(MethodTable& methods, PolicyServices services) {
                        {"scope", schema(R"({"enum":["once","session","always"]})")}},
           {"promptId", "verdict", "scope"}),
       schema(R"({"type":"object","required":["promptId","verdict","scope","requests"]})"),
-      [&approvals](CallContext& context, json::object params) -> asio::awaitable<MethodResult> {
+      [&approvals, &disk](CallContext& context,
+                          json::object params) -> asio::awaitable<MethodResult> {
         auto verdict = *policy::parseVerdict(params.at("verdict").as_string());
         auto scope = *policy::parseScope(params.at("scope").as_string());
-        auto decided =
-            approvals.decide(context.connectionId, str(params, "promptId"), verdict, scope);
+        // A session or always answer is stored first: on the disk thread.
+        const auto approver = context.connectionId;
+        auto decided = co_await disk.run([&] {
+          return approvals.decide(approver, str(params, "promptId"), verdict, scope);
+        });
         if (!decided) {
           switch (decided.error().code) {
             case policy::DecideErrc::notSubscribed:
@@ -229,15 +230,16 @@ void registerPolicyMethods(MethodTable& methods, PolicyServices services) {
       }(),
       schema(
           R"({"type":"object","required":["toolRevision","action","target","access","verdict","scope","requested"]})"),
-      [&decisions, &audit, &registry](CallContext& context,
-                                      json::object params) -> asio::awaitable<MethodResult> {
+      [&decisions, &audit, &registry, &disk](CallContext& context,
+                                             json::object params) -> asio::awaitable<MethodResult> {
         auto key = keyFrom(params);
         if (!key) co_return invalidParams(key.error().detail);
         auto tool = registry.getRevision(key->toolRevision);
         if (!tool) co_return toRpcError(tool.error());
         auto verdict = *policy::parseVerdict(params.at("verdict").as_string());
         auto scope = *policy::parseScope(params.at("scope").as_string());
-        auto stored = decisions.set(*key, verdict, scope, who(context, "admin"));
+        const std::string by = who(context, "admin");
+        auto stored = co_await disk.run([&] { return decisions.set(*key, verdict, scope, by); });
         if (!stored) co_return storageFailure(decisions, stored.error());
         bool requested = policy::manifestRequests((*tool)->manifest, *key);
         policy::AuditEntry entry;
@@ -249,7 +251,7 @@ void registerPolicyMethods(MethodTable& methods, PolicyServices services) {
         entry.verdict = std::string(policy::verdictName(verdict));
         entry.scope = std::string(policy::scopeName(scope));
         entry.reason = "set by " + stored->decidedBy;
-        auditChange(audit, decisions, std::move(entry));
+        auditChange(audit, std::move(entry));
         co_return json::value(withKey(json::object{{"verdict", policy::verdictName(verdict)},
                                                    {"scope", policy::scopeName(scope)},
                                                    {"decidedAt", stored->decidedAt},
@@ -265,11 +267,11 @@ void registerPolicyMethods(MethodTable& methods, PolicyServices services) {
       RoleSet{Role::admin},
       paramsWith(keyProperties().as_object(), {"toolRevision", "action", "target", "access"}),
       schema(R"({"type":"object","required":["revoked"]})"),
-      [&decisions, &audit](CallContext& context,
-                           json::object params) -> asio::awaitable<MethodResult> {
+      [&decisions, &audit, &disk](CallContext& context,
+                                  json::object params) -> asio::awaitable<MethodResult> {
         auto key = keyFrom(params);
         if (!key) co_return invalidParams(key.error().detail);
-        auto revoked = decisions.revoke(*key);
+        auto revoked = co_await disk.run([&] { return decisions.revoke(*key); });
         if (!revoked) co_return storageFailure(decisions, revoked.error());
         if (*revoked) {
           policy::AuditEntry entry;
@@ -279,7 +281,7 @@ void registerPolicyMethods(MethodTable& methods, PolicyServices services) {
           entry.access = key->access;
           entry.verdict = "revoked";
           entry.reason = "revoked by " + who(context, "admin");
-          auditChange(audit, decisions, std::move(entry));
+          auditChange(audit, std::move(entry));
         }
         co_return json::value(withKey(json::object{{"revoked", *revoked}}, *key));
       }});
@@ -290,19 +292,19 @@ void registerPolicyMethods(MethodTable& methods, PolicyServices services) {
       "Returns {removed: how many}.",
       RoleSet{Role::admin}, paramsWith(json::object{{"toolRevision", kRevision}}, {}),
       schema(R"({"type":"object","required":["removed"]})"),
-      [&decisions, &audit](CallContext& context,
-                           json::object params) -> asio::awaitable<MethodResult> {
+      [&decisions, &audit, &disk](CallContext& context,
+                                  json::object params) -> asio::awaitable<MethodResult> {
         std::string invalid;
         auto revision = optionalRevision(params, invalid);
         if (!invalid.empty()) co_return invalidParams(invalid);
-        auto removed = decisions.reset(revision);
+        auto removed = co_await disk.run([&] { return decisions.reset(revision); });
         if (!removed) co_return storageFailure(decisions, removed.error());
         policy::AuditEntry entry;
         entry.toolRevision = revision.value_or("");
         entry.verdict = "reset";
         entry.reason = "reset by " + who(context, "admin") + ": " + std::to_string(*removed) +
                        " decision(s) removed";
-        auditChange(audit, decisions, std::move(entry));
+        auditChange(audit, std::move(entry));
         co_return json::value(json::object{{"removed", *removed}});
       }});
 
@@ -350,7 +352,8 @@ void registerPolicyMethods(MethodTable& methods, PolicyServices services) {
                        {"toolRevision", kRevision}},
           {}),
       schema(R"({"type":"object","required":["entries"]})"),
-      [&audit, &decisions](CallContext&, json::object params) -> asio::awaitable<MethodResult> {
+      [&audit, &decisions, &disk](CallContext&,
+                                  json::object params) -> asio::awaitable<MethodResult> {
         std::string invalid;
         policy::AuditFilter filter;
         filter.toolRevision = optionalRevision(params, invalid);
@@ -359,7 +362,8 @@ void registerPolicyMethods(MethodTable& methods, PolicyServices services) {
         if (const auto* given = params.if_contains("limit")) {
           limit = static_cast<std::size_t>(given->to_number<std::int64_t>());
         }
-        auto entries = audit.tail(limit, filter);
+        // tail() waits for the audit log's queued entries to be written: not on an I/O thread.
+        auto entries = co_await disk.run([&] { return audit.tail(limit, filter); });
         if (!entries) co_return storageFailure(decisions, entries.error());
         json::array out;
         for (const auto& entry : *entries) out.push_back(policy::toJson(entry));

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "daemon/config.h"
+#include "daemon/disk_thread.h"
 #include "daemon/method_table.h"
 #include "policy/approvals.h"
 #include "policy/audit.h"
@@ -18,6 +19,7 @@ struct PolicyServices {
   policy::DecisionStore& decisions;
   policy::ApprovalBroker& approvals;
   policy::AuditLog& audit;
+  DiskThread& disk;  // decisions are stored and the audit log read there
   const ConfigHolder& configs;  // [policy] prompt_timeout_ms, read per prompt
 };
 

@@ -132,9 +132,7 @@ void auditChange(policy::AuditLog& audit, const registry::ToolRevision& tool,
   entry.target = name;
   entry.verdict = std::move(verdict);
   entry.reason = std::move(reason);
-  if (auto appended = audit.append(std::move(entry)); !appended) {
-    spdlog::warn("secrets: cannot append to the audit log: {}", appended.error().message());
-  }
+  audit.append(std::move(entry));
 }
 
 }  // namespace
@@ -195,7 +193,9 @@ void registerSecretMethods(MethodTable& methods, SecretServices services) {
         }
         grant.carry = flag(params, "carry");
         grant.allowBody = flag(params, "allowBody");
-        auto stored = services.vault.set(grant, std::string_view(value.data(), value.size()));
+        auto stored = co_await services.disk.run([&] {
+          return services.vault.set(grant, std::string_view(value.data(), value.size()));
+        });
         if (!stored) co_return vaultFailure(stored.error());
         std::string origins;
         for (const auto& origin : stored->origins) origins += (origins.empty() ? "" : " ") + origin;
@@ -254,7 +254,8 @@ void registerSecretMethods(MethodTable& methods, SecretServices services) {
         if (!target) co_return target.error();
         const std::string& name = target->name;
         const registry::ToolRevisionPtr& tool = target->tool;
-        auto erased = services.vault.erase(tool->name, tool->revision, name);
+        auto erased = co_await services.disk.run(
+            [&] { return services.vault.erase(tool->name, tool->revision, name); });
         if (!erased) co_return vaultFailure(erased.error());
         if (*erased) {
           auditChange(services.audit, *tool, name, "deleted", "deleted by " + who(context));

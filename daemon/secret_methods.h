@@ -4,6 +4,7 @@
 #pragma once
 
 #include "daemon/config.h"
+#include "daemon/disk_thread.h"
 #include "daemon/method_table.h"
 #include "policy/audit.h"
 #include "policy/secrets_vault.h"
@@ -16,6 +17,7 @@ struct SecretServices {
   registry::Registry& registry;
   policy::SecretsVault& vault;
   policy::AuditLog& audit;
+  DiskThread& disk;             // secrets are stored and deleted there
   const ConfigHolder& configs;  // [secrets] max_value_bytes, read per request
 };
 

@@ -134,9 +134,7 @@ void SecretsHost::auditDenial(const registry::ToolRevision& caller, const std::s
   entry.target = name;
   entry.verdict = "deny";
   entry.reason = "ctx.secret: " + std::string(code);
-  if (auto appended = audit_.append(std::move(entry)); !appended) {
-    spdlog::warn("cannot append to the audit log: {}", appended.error().message());
-  }
+  audit_.append(std::move(entry));
 }
 
 runtime::HostOpResult SecretsHost::placeholder(const registry::ToolRevision& caller,

@@ -29,7 +29,7 @@ json::object usageJson(const registry::StorageUsage& usage) {
 
 }  // namespace
 
-void registerStorageMethods(MethodTable& methods, registry::ToolStorage& storage) {
+void registerStorageMethods(MethodTable& methods, registry::ToolStorage& storage, DiskThread& disk) {
   methods.add(MethodSpec{
       "storage.list",
       "What tools keep with ctx.storage. Without `tool`: every tool name that stores something, "
@@ -91,9 +91,9 @@ void registerStorageMethods(MethodTable& methods, registry::ToolStorage& storage
       json::parse(R"({"type":"object","additionalProperties":false,"required":["tool"],
                       "properties":{"tool":{"type":"string","minLength":1,"maxLength":64}}})"),
       json::parse(R"({"type":"object","required":["tool","keys","bytes"]})"),
-      [&storage](CallContext&, json::object params) -> asio::awaitable<MethodResult> {
+      [&storage, &disk](CallContext&, json::object params) -> asio::awaitable<MethodResult> {
         const std::string name(params.at("tool").as_string());
-        auto removed = storage.clear(name);
+        auto removed = co_await disk.run([&] { return storage.clear(name); });
         if (!removed) co_return failure(removed.error());
         json::object out = usageJson(*removed);
         out["tool"] = name;

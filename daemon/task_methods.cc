@@ -45,7 +45,7 @@ std::string idParam(const json::object& params) { return std::string(params.at("
 
 }  // namespace
 
-void registerTaskMethods(MethodTable& methods, registry::TaskStore& tasks) {
+void registerTaskMethods(MethodTable& methods, registry::TaskStore& tasks, DiskThread& disk) {
   const registry::TaskLimits& limits = tasks.limits();
   const json::value taskSchema = schema(R"({"type":"object","required":["id","kind","role"]})");
 
@@ -88,8 +88,9 @@ void registerTaskMethods(MethodTable& methods, registry::TaskStore& tasks) {
                  {"tasks"}),
       schema(R"({"type":"object","required":["ids","created"],"properties":{
           "ids":{"type":"array","items":{"type":"string"}},"created":{"type":"integer"}}})"),
-      [&tasks](CallContext& context, json::object params) -> asio::awaitable<MethodResult> {
-        auto committed = tasks.commit(params.at("tasks").as_array());
+      [&tasks, &disk](CallContext& context, json::object params) -> asio::awaitable<MethodResult> {
+        auto committed =
+            co_await disk.run([&] { return tasks.commit(params.at("tasks").as_array()); });
         if (!committed) co_return failure(context, "tasks.commit", committed.error());
         json::array ids;
         for (auto& id : committed->ids) ids.emplace_back(id);

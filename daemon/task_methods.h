@@ -1,14 +1,16 @@
 // The tasks family: tasks.compile, tasks.commit, tasks.get, tasks.lineage, tasks.providerTools and
 // tasks.messages, for agents (and admins). Registered on the main thread; the handlers run on the
-// I/O threads and reach the store only through the TaskStore's own short transactions.
+// I/O threads and reach the store only through the TaskStore's own short transactions; a commit's
+// write runs on the disk thread.
 #pragma once
 
+#include "daemon/disk_thread.h"
 #include "daemon/method_table.h"
 #include "registry/tasks.h"
 
 namespace toolhost::daemon {
 
-// `tasks` must outlive the method table's use (the server).
-void registerTaskMethods(MethodTable& methods, registry::TaskStore& tasks);
+// `tasks` and `disk` must outlive the method table's use (the server).
+void registerTaskMethods(MethodTable& methods, registry::TaskStore& tasks, DiskThread& disk);
 
 }  // namespace toolhost::daemon

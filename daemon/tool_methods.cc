@@ -107,6 +107,7 @@ std::int64_t threadCpuMicros() {
 
 void registerToolMethods(MethodTable& methods, ToolServices services) {
   registry::Registry& registry = services.registry;
+  DiskThread& disk = services.disk;
 
   methods.add(MethodSpec{
       "tools.install",
@@ -116,8 +117,9 @@ void registerToolMethods(MethodTable& methods, ToolServices services) {
       RoleSet{Role::admin},
       paramsWith(json::object{{"manifest", registry::Registry::manifestSchema()}}, {"manifest"}),
       schema(R"({"type":"object","required":["revision","name","created"]})"),
-      [&registry](CallContext&, json::object params) -> asio::awaitable<MethodResult> {
-        auto outcome = registry.install(params.at("manifest").as_object());
+      [&registry, &disk](CallContext&, json::object params) -> asio::awaitable<MethodResult> {
+        auto outcome =
+            co_await disk.run([&] { return registry.install(params.at("manifest").as_object()); });
         if (!outcome) co_return toRpcError(outcome.error());
         co_return json::value(json::object{
             {"revision", outcome->revision}, {"name", outcome->name}, {"created", outcome->created}});
@@ -132,12 +134,14 @@ void registerToolMethods(MethodTable& methods, ToolServices services) {
       paramsWith(json::object{{"name", kName}, {"revision", kRevision}, {"replace", schema(R"({"type":"boolean"})")}},
                  {"name", "revision"}),
       schema(R"({"type":"object","required":["name","revision","changed"]})"),
-      [&registry, secrets = services.secrets](
+      [&registry, &disk, secrets = services.secrets](
           CallContext&, json::object params) -> asio::awaitable<MethodResult> {
         const auto* replace = params.if_contains("replace");
-        auto outcome = registry.activate(std::string(params.at("name").as_string()),
-                                         std::string(params.at("revision").as_string()),
-                                         replace != nullptr && replace->as_bool());
+        auto outcome = co_await disk.run([&] {
+          return registry.activate(std::string(params.at("name").as_string()),
+                                   std::string(params.at("revision").as_string()),
+                                   replace != nullptr && replace->as_bool());
+        });
         if (!outcome) co_return toRpcError(outcome.error());
         json::object answer{{"name", outcome->name},
                             {"revision", outcome->revision},
@@ -161,10 +165,12 @@ void registerToolMethods(MethodTable& methods, ToolServices services) {
       paramsWith(json::object{{"name", kName}, {"revision", kRevision}, {"settings", schema(R"({"type":"object"})")}},
                  {"name", "revision", "settings"}),
       schema(R"({"type":"object","required":["settingsRevision","created"]})"),
-      [&registry](CallContext&, json::object params) -> asio::awaitable<MethodResult> {
-        auto outcome = registry.configure(std::string(params.at("name").as_string()),
-                                          std::string(params.at("revision").as_string()),
-                                          params.at("settings").as_object());
+      [&registry, &disk](CallContext&, json::object params) -> asio::awaitable<MethodResult> {
+        auto outcome = co_await disk.run([&] {
+          return registry.configure(std::string(params.at("name").as_string()),
+                                    std::string(params.at("revision").as_string()),
+                                    params.at("settings").as_object());
+        });
         if (!outcome) co_return toRpcError(outcome.error());
         co_return json::value(
             json::object{{"settingsRevision", outcome->settingsRevision}, {"created", outcome->created}});
@@ -340,8 +346,9 @@ void registerToolMethods(MethodTable& methods, ToolServices services) {
       RoleSet{Role::admin},
       {},
       schema(R"({"type":"object","required":["ok","problems"]})"),
-      [&registry](CallContext&, json::object) -> asio::awaitable<MethodResult> {
-        auto problems = registry.verifyAll();
+      [&registry, &disk](CallContext&, json::object) -> asio::awaitable<MethodResult> {
+        // Re-hashes every stored manifest: a long read, kept off the I/O threads.
+        auto problems = co_await disk.run([&] { return registry.verifyAll(); });
         if (!problems) co_return toRpcError(problems.error());
         json::array list;
         for (const auto& problem : *problems) list.emplace_back(problem);

@@ -2,6 +2,7 @@
 // tools.history, tools.call, and store.verify. Registered on the main thread.
 #pragma once
 
+#include "daemon/disk_thread.h"
 #include "daemon/method_table.h"
 #include "registry/registry.h"
 
@@ -16,6 +17,7 @@ class SecretsHost;
 
 struct ToolServices {
   registry::Registry& registry;
+  DiskThread& disk;  // installs, activations, settings and verifyAll run there
   runtime::ToolRunner* sandboxes = nullptr;  // null until the runtime is wired
   ExternalTools* external = nullptr;          // null: external-service tools are unavailable
   SecretsHost* secrets = nullptr;  // null: tools.activate does not report requested secrets

@@ -124,10 +124,7 @@ void ApprovalBroker::auditDecision(const AuthorizationRequest& request, const De
       decision.source == DecisionSource::timeout) {
     entry.durationMs = decision.promptDuration.count();
   }
-  if (auto appended = audit_.append(std::move(entry)); !appended) {
-    spdlog::warn("policy: cannot append to the audit log: {}",
-                 decisions_.describe(appended.error()));
-  }
+  audit_.append(std::move(entry));
 }
 
 void ApprovalBroker::send(std::vector<Notice> notices) {

@@ -4,8 +4,11 @@
 #include "protocol/json_parse.h"
 #include "protocol/json_text.h"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <chrono>
+#include <iterator>
 
 namespace toolhost::policy {
 namespace json = boost::json;
@@ -70,11 +73,68 @@ json::object toJson(const AuditEntry& entry) {
 AuditLog::AuditLog(store::Store& store, std::size_t maxEntries)
     : store_(store),
       table_(store.table(kAuditTable)),
-      maxEntries_(std::max<std::size_t>(maxEntries, 1)) {}
+      maxEntries_(std::max<std::size_t>(maxEntries, 1)),
+      thread_([this] { run(); }) {}
 
-boost::system::result<std::uint64_t> AuditLog::append(AuditEntry entry) {
+AuditLog::~AuditLog() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  changed_.notify_all();
+  thread_.join();
+}
+
+void AuditLog::append(AuditEntry entry) {
   if (entry.time.empty()) entry.time = formatTime(std::chrono::system_clock::now());
-  return store_.write([&](store::WriteTxn& txn) -> boost::system::result<std::uint64_t> {
+  {
+    std::unique_lock lock(mutex_);
+    changed_.wait(lock, [this] { return queue_.size() < kMaxQueued || stopping_; });
+    queue_.push_back(std::move(entry));
+    ++appended_;
+  }
+  changed_.notify_all();
+}
+
+void AuditLog::flush() const {
+  std::unique_lock lock(mutex_);
+  const std::uint64_t target = appended_;
+  changed_.wait(lock, [&] { return done_ >= target; });
+}
+
+void AuditLog::run() {
+  std::vector<AuditEntry> batch;
+  for (;;) {
+    batch.clear();
+    {
+      std::unique_lock lock(mutex_);
+      changed_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping, and everything queued was written
+      batch.assign(std::make_move_iterator(queue_.begin()), std::make_move_iterator(queue_.end()));
+      queue_.clear();
+    }
+    changed_.notify_all();  // room for appends that waited
+    boost::system::result<void> written;
+    try {
+      written = write(batch);
+    } catch (const std::exception& error) {
+      written = boost::system::errc::make_error_code(boost::system::errc::io_error);
+      spdlog::error("audit: writing {} entries threw: {}", batch.size(), error.what());
+    }
+    if (!written) {
+      spdlog::warn("audit: {} entries could not be written and are lost: {}", batch.size(),
+                   store_.describe(written.error()));
+    }
+    {
+      std::lock_guard lock(mutex_);
+      done_ += batch.size();
+    }
+    changed_.notify_all();
+  }
+}
+
+boost::system::result<void> AuditLog::write(std::vector<AuditEntry>& batch) {
+  return store_.write([&](store::WriteTxn& txn) -> boost::system::result<void> {
     // The next number follows the newest row; the table is never emptied by trimming, so numbers
     // only grow.
     std::uint64_t last = 0;
@@ -83,11 +143,13 @@ boost::system::result<std::uint64_t> AuditLog::append(AuditEntry entry) {
                last = store::tryParseU64Key(key).value_or(0);
                return false;
              });
-    entry.sequence = last + 1;
-    json::object row = toJson(entry);
-    row.erase("sequence");  // the key holds it
-    txn.put(table_, store::u64Key(entry.sequence),
-            protocol::writeJson(json::value(std::move(row))));
+    for (auto& entry : batch) {
+      entry.sequence = ++last;
+      json::object row = toJson(entry);
+      row.erase("sequence");  // the key holds it
+      txn.put(table_, store::u64Key(entry.sequence),
+              protocol::writeJson(json::value(std::move(row))));
+    }
     std::uint64_t count = txn.count(table_);
     if (count > maxEntries_) {
       std::vector<std::string> oldest;
@@ -98,12 +160,13 @@ boost::system::result<std::uint64_t> AuditLog::append(AuditEntry entry) {
       });
       for (const auto& key : oldest) txn.erase(table_, key);
     }
-    return entry.sequence;
+    return {};
   });
 }
 
 boost::system::result<std::vector<AuditEntry>> AuditLog::tail(std::size_t limit,
                                                               const AuditFilter& filter) const {
+  flush();
   return store_.read([&](store::ReadTxn& txn) {
     std::vector<AuditEntry> newestFirst;
     if (limit == 0) return newestFirst;

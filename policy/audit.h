@@ -1,7 +1,21 @@
 // The audit log: every policy decision, denial, change and (from the fetch path) request outcome,
 // appended to the LMDB table "audit" under a big-endian sequence number and trimmed to the newest
 // `maxEntries`. Entries hold who, what and the outcome; never secrets, headers or bodies.
-// Thread-safe: any thread (each call is one short transaction).
+//
+// Threads: append() queues the entry and returns at once; the log's own thread writes what is
+// queued in batches, one transaction (one fdatasync) per batch, so that neither an I/O thread nor
+// the policy engine ever waits for the disk for an audit entry, and a burst of requests costs one
+// disk wait, not one each. tail() first waits for every entry queued before it, so a caller reads
+// its own appends. Every member may be called from any thread.
+// Caveats:
+//  - An entry's time is taken when it is appended; its sequence number when it is written, in
+//    the order of the append() calls.
+//  - A batch that cannot be written (disk full, map full) is lost, with a warning in the log that
+//    says how many entries; later batches are tried again.
+//  - When kMaxQueued entries wait for the disk, append() waits for room: a disk that slow slows
+//    the callers rather than drop audit entries or grow without bound.
+//  - The destructor writes what is queued, then joins its thread: destroy the log before the
+//    Store.
 #pragma once
 
 #include "policy/access_class.h"
@@ -10,16 +24,20 @@
 #include <boost/json/object.hpp>
 #include <boost/system/result.hpp>
 
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace toolhost::policy {
 
 struct AuditEntry {
-  std::uint64_t sequence = 0;  // assigned by append()
+  std::uint64_t sequence = 0;  // assigned when the entry is written
   std::string time;            // RFC 3339 UTC; append() fills it when empty
   // "decision" (someone answered a prompt), "denial" (refused without an allow: not requested,
   // no approver, no answer, a stored deny), "change" (policy.set/revoke/reset), "request" (the
@@ -47,21 +65,41 @@ struct AuditFilter {
 class AuditLog {
  public:
   // `maxEntries` (config: [policy] audit_max_entries) bounds the table; at least 1.
+  // The most entries that wait for the disk before append() waits for room.
+  static constexpr std::size_t kMaxQueued = 10000;
+
   AuditLog(store::Store& store, std::size_t maxEntries);
+  ~AuditLog();
+  AuditLog(const AuditLog&) = delete;
+  AuditLog& operator=(const AuditLog&) = delete;
 
-  // Appends one entry and drops the oldest beyond maxEntries; the sequence number it got.
-  boost::system::result<std::uint64_t> append(AuditEntry entry);
+  // Queues one entry; the log's thread appends it and drops the oldest beyond maxEntries.
+  void append(AuditEntry entry);
 
-  // The newest `limit` entries (matching `filter`), oldest first.
+  // Waits until every entry appended before this call has been written (or has failed to be).
+  void flush() const;
+
+  // The newest `limit` entries (matching `filter`), oldest first, after a flush().
   boost::system::result<std::vector<AuditEntry>> tail(std::size_t limit,
                                                       const AuditFilter& filter = {}) const;
 
   std::size_t maxEntries() const { return maxEntries_; }
 
  private:
+  void run();  // the log's thread
+  boost::system::result<void> write(std::vector<AuditEntry>& batch);
+
   store::Store& store_;
   store::Table table_;
   std::size_t maxEntries_;
+
+  mutable std::mutex mutex_;
+  mutable std::condition_variable changed_;  // queued, written, room made, or stopping
+  std::deque<AuditEntry> queue_;             // under mutex_
+  std::uint64_t appended_ = 0;               // under mutex_: entries ever queued
+  std::uint64_t done_ = 0;                   // under mutex_: entries written or lost
+  bool stopping_ = false;                    // under mutex_
+  std::thread thread_;
 };
 
 }  // namespace toolhost::policy

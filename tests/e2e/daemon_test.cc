@@ -4,6 +4,7 @@
 #include "protocol/json_parse.h"
 
 #include <catch2/catch.hpp>
+#include <lmdb.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -277,4 +278,43 @@ TEST_CASE("the state store opens with the daemon and a second daemon on it is re
   auto rival = DaemonProcess::start(rivalOptions);
   CHECK(rival->wait(std::chrono::seconds(10)) == 1);
   CHECK_THAT(rival->log(), Catch::Contains("in use by pid"));
+}
+
+TEST_CASE("a write waiting for the disk holds no I/O thread: other requests are still answered",
+          "[e2e][daemon][disk]") {
+  // One I/O thread, so that a write made on it would stop the whole daemon.
+  DaemonOptions options;
+  options.configToml = "[server]\nio_threads = 1\n";
+  auto daemon = DaemonProcess::start(options);
+  // LMDB's writer lock is shared by every process that opens the environment: holding it here
+  // makes the daemon's next write wait, as a slow or stalled disk would.
+  MDB_env* env = nullptr;
+  REQUIRE(mdb_env_create(&env) == 0);
+  REQUIRE(mdb_env_open(env, (daemon->stateDir() / "db").c_str(), MDB_NOTLS, 0600) == 0);
+  MDB_txn* holding = nullptr;
+  REQUIRE(mdb_txn_begin(env, nullptr, 0, &holding) == 0);
+
+  RawClient admin(daemon->socket());
+  admin.send(
+      R"({"jsonrpc":"2.0","id":7,"method":"tools.install","params":{"manifest":{"name":"slow-disk",)"
+      R"("description":"d","parameters":{"type":"object"},"execution":{"class":"sandboxed-code",)"
+      R"("runtime":"javascript","source":"export default async () => 1"}}}})"
+      "\n");
+  CHECK_FALSE(admin.readLine(std::chrono::milliseconds(300)));  // the install waits for the lock
+
+  RawClient other(daemon->socket());
+  auto pong = other.call("ping", nullptr, 8);
+  CHECK(pong.contains("result"));
+  auto info = other.call("daemon.info", nullptr, 9);
+  CHECK(info.contains("result"));
+
+  mdb_txn_abort(holding);
+  auto installed = admin.readJson().as_object();
+  CHECK(installed.at("id") == 7);
+  REQUIRE(installed.contains("result"));
+  CHECK(installed.at("result").at("name") == "slow-disk");
+  mdb_env_close(env);
+  // What was written is there.
+  auto got = other.call("tools.get", json::object{{"revision", installed.at("result").at("revision")}}, 10);
+  CHECK(got.contains("result"));
 }

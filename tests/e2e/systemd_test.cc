@@ -617,7 +617,7 @@ TEST_CASE(
   auto ready = notify.waitFor("READY=1");
   REQUIRE(ready);
   CHECK_THAT(*ready, Catch::Contains("restart to apply: store.map_size_mb: 1024 -> 2048, "
-                                     "server.io_threads: 2 -> 3"));
+                                     "server.io_threads: 1 -> 3"));
   std::string log = daemon.log();
   INFO(log);
   CHECK_THAT(log, Catch::Contains("limits.max_batch: 2 -> 3"));
@@ -625,7 +625,7 @@ TEST_CASE(
   CHECK_THAT(log, Catch::Contains("access: 1 rule(s) -> 2 rule(s)"));
   CHECK_THAT(log, Catch::Contains("store.map_size_mb: 1024 -> 2048 changed in the configuration; "
                                   "it takes effect after a restart"));
-  CHECK_THAT(log, Catch::Contains("server.io_threads: 2 -> 3 changed"));
+  CHECK_THAT(log, Catch::Contains("server.io_threads: 1 -> 3 changed"));
   {
     RawClient client(socket);
     auto info = client.call("daemon.info").at("result");

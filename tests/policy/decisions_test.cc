@@ -21,6 +21,7 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 
@@ -232,7 +233,7 @@ TEST_CASE("audit: append numbers entries, trims the oldest, tails newest last", 
       entry.status = 200;
       entry.bytes = 10u * static_cast<unsigned>(i);
       entry.durationMs = i;
-      CHECK(valueOf(audit.append(entry)) == static_cast<std::uint64_t>(i));
+      audit.append(entry);
     }
     auto tail = valueOf(audit.tail(100));
     REQUIRE(tail.size() == 5);  // trimmed to the newest 5
@@ -266,8 +267,53 @@ TEST_CASE("audit: append numbers entries, trims the oldest, tails newest last", 
   AuditEntry entry;
   entry.kind = "denial";
   entry.verdict = "deny";
-  CHECK(valueOf(audit.append(entry)) == 9);
-  CHECK(valueOf(audit.tail(100)).size() == 5);
+  audit.append(entry);
+  auto after = valueOf(audit.tail(100));
+  REQUIRE(after.size() == 5);
+  CHECK(after.back().sequence == 9);
+  CHECK(after.back().kind == "denial");
+}
+
+TEST_CASE("audit: appends from many threads are written in batches and tail reads its own",
+          "[policy][audit]") {
+  TempDir dir;
+  auto store = openStore(dir.state());
+  constexpr std::size_t kThreads = 4;
+  constexpr std::size_t kEach = 300;
+  {
+    AuditLog audit(*store, 100000);
+    std::vector<std::thread> threads;
+    for (std::size_t t = 0; t < kThreads; ++t) {
+      threads.emplace_back([&audit, t] {
+        for (std::size_t i = 0; i < kEach; ++i) {
+          AuditEntry entry;
+          entry.kind = "request";
+          entry.toolName = "t" + std::to_string(t);
+          entry.reason = std::to_string(i);
+          audit.append(std::move(entry));
+        }
+      });
+    }
+    for (auto& thread : threads) thread.join();
+    // No flush: tail() waits for what was appended before it.
+    auto all = valueOf(audit.tail(100000));
+    REQUIRE(all.size() == kThreads * kEach);
+    std::vector<std::size_t> next(kThreads, 0);
+    for (std::size_t i = 0; i < all.size(); ++i) {
+      CHECK(all[i].sequence == i + 1);  // numbered without gaps, in the order written
+      const auto t = static_cast<std::size_t>(all[i].toolName.back() - '0');
+      CHECK(all[i].reason == std::to_string(next[t]++));  // each thread's entries in its order
+    }
+    AuditEntry last;
+    last.kind = "change";
+    audit.append(last);
+  }
+  // The destructor wrote what was still queued.
+  AuditLog reopened(*store, 100000);
+  auto newest = valueOf(reopened.tail(1));
+  REQUIRE(newest.size() == 1);
+  CHECK(newest[0].kind == "change");
+  CHECK(newest[0].sequence == kThreads * kEach + 1);
 }
 
 TEST_CASE("manifest ceiling: fetch origin and class, popup target, invoke endpoint",

@@ -359,7 +359,9 @@ struct SandboxPool::Impl {
   void disposeLocked(const std::shared_ptr<Slot>& slot);
   CallError killError(Kill kill, const CallJob& job) const;
 
-  // Runs an admitted job on its sandbox's strand; job->deliver gets the outcome.
+  // Runs an admitted job on its sandbox's strand; job->deliver gets the outcome. Called only
+  // from outside that strand (start() and asyncCall(), on an I/O thread or a test's), so the
+  // coroutine never runs inside its caller (see the end of run()).
   void launch(const std::shared_ptr<CallJob>& job) {
     asio::co_spawn(job->slot->strand, run(job),
                    [this, job](std::exception_ptr error, CallOutcome outcome) {
@@ -702,6 +704,13 @@ asio::awaitable<CallOutcome> SandboxPool::Impl::run(std::shared_ptr<CallJob> job
     slot.sandbox.reset();
   }
   job->sandboxKept = static_cast<bool>(slot.sandbox);
+  // A warm call that settles in its first segment never suspends, and co_spawn then posts once
+  // more before its completion handler (lest a handler run inside the co_spawn call that started
+  // it). Here that cannot be: launch() runs on an I/O thread, never on this strand, so the
+  // body already runs in a handler of its own. The post would only wake an idle V8 worker for
+  // nothing (about one context switch per call). Boost 1.81 exposes the flag co_spawn reads
+  // only in asio::detail; a Boost without it fails to compile here, it cannot fail silently.
+  (co_await asio::detail::awaitable_thread_has_context_switched{}) = true;
   co_return outcome;
 }
 

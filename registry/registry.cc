@@ -232,12 +232,27 @@ Result<ToolRevisionPtr> Registry::getRevision(const std::string& revision,
 }
 
 std::optional<Binding> Registry::tryBinding(const std::string& name) {
+  std::uint64_t generation;
+  {
+    std::lock_guard lock(mutex_);
+    if (auto cached = bindingCache_.find(name); cached != bindingCache_.end()) return cached->second;
+    generation = bindingsGeneration_;
+  }
   auto text = store_.read([&](store::ReadTxn& txn) { return txn.getCopy(bindings_, name); });
   if (!text || !*text) return std::nullopt;
   auto object = parseObject(**text);
   if (!object) return std::nullopt;
-  return Binding{name, std::string(object->at("revision").as_string()),
-                 std::string(object->at("activatedAt").as_string())};
+  Binding binding{name, std::string(object->at("revision").as_string()),
+                  std::string(object->at("activatedAt").as_string())};
+  std::lock_guard lock(mutex_);
+  if (generation == bindingsGeneration_) bindingCache_.insert_or_assign(name, binding);
+  return binding;
+}
+
+void Registry::bindingsWritten() {
+  std::lock_guard lock(mutex_);
+  ++bindingsGeneration_;
+  bindingCache_.clear();
 }
 
 Result<ToolRevisionPtr> Registry::getActive(const std::string& name) {
@@ -309,6 +324,7 @@ Result<InstallOutcome> Registry::registerNative(NativeTool tool) {
     txn.put(bindings_, name, protocol::writeJson(json::object{{"revision", revision}, {"activatedAt", now}}));
     return {};
   });
+  bindingsWritten();
   if (!written) return storageError(store_, written.error());
   {
     std::lock_guard lock(mutex_);
@@ -354,6 +370,7 @@ Result<ActivateOutcome> Registry::activate(const std::string& name, const std::s
     outcome.changed = true;
     return {};
   });
+  bindingsWritten();
   if (refusal) return *refusal;
   if (!written) return storageError(store_, written.error());
   if (outcome.previous) {

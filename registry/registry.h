@@ -140,6 +140,7 @@ class Registry {
   Result<ToolRevisionPtr> load(const std::string& revision);
   Result<ToolRevisionPtr> build(const std::string& revision, boost::json::object manifest,
                                 std::string installedAt);
+  void bindingsWritten();  // after a write transaction that may have moved a binding
 
   store::Store& store_;
   RegistryLimits limits_;
@@ -153,6 +154,12 @@ class Registry {
   mutable std::mutex mutex_;
   std::map<std::string, ToolRevisionPtr, std::less<>> cache_;
   std::map<std::string, NativeTool, std::less<>> natives_;  // by revision
+  // Bindings as last read (every tools.call by name reads one). A read from the store fills the
+  // cache only if no binding write completed since that read began (bindingsGeneration_), so a
+  // reader that raced a write never leaves the old binding behind. Only this process writes
+  // the store (the state directory is locked).
+  std::map<std::string, Binding, std::less<>> bindingCache_;
+  std::uint64_t bindingsGeneration_ = 0;
   std::vector<std::function<void(const std::string&, const std::string&, const std::string&)>>
       bindingListeners_;
 };

@@ -11,7 +11,10 @@
 #include <openssl/evp.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <filesystem>
+#include <thread>
+#include <vector>
 
 using namespace toolhost;
 using namespace toolhost::registry;
@@ -448,4 +451,40 @@ TEST_CASE("the state survives reopening the store", "[registry]") {
   CHECK((*active)->revision == revision);
   CHECK((*active)->manifest == manifest());
   CHECK(registry.verifyAll()->empty());
+}
+
+TEST_CASE("a binding read while activations race never leaves an old binding behind",
+          "[registry]") {
+  TempStore temp;
+  Registry registry(*temp.store);
+  auto v1 = registry.install(manifest());
+  auto v2 = registry.install(manifest("weather-lookup", "export default async () => 2"));
+  REQUIRE(v1.has_value());
+  REQUIRE(v2.has_value());
+  REQUIRE(registry.activate("weather-lookup", v1->revision, false).has_value());
+
+  std::atomic<bool> stop{false};
+  std::atomic<int> unexpected{0};
+  std::vector<std::thread> readers;
+  for (int i = 0; i < 3; ++i) {
+    readers.emplace_back([&] {
+      while (!stop.load()) {
+        auto active = registry.getActive("weather-lookup");
+        if (!active || ((*active)->revision != v1->revision && (*active)->revision != v2->revision)) {
+          unexpected.fetch_add(1);
+        }
+      }
+    });
+  }
+  for (int round = 0; round < 100; ++round) {
+    const std::string& next = round % 2 == 0 ? v2->revision : v1->revision;
+    REQUIRE(registry.activate("weather-lookup", next, true).has_value());
+    // Once activate has returned, every read sees the new binding.
+    CHECK(registry.tryBinding("weather-lookup")->revision == next);
+    CHECK((*registry.getActive("weather-lookup"))->revision == next);
+  }
+  stop.store(true);
+  for (auto& reader : readers) reader.join();
+  CHECK(unexpected.load() == 0);
+  CHECK(registry.tryBinding("weather-lookup")->revision == v1->revision);
 }

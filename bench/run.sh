@@ -128,7 +128,7 @@ max_retained = 2000
 memory_budget_mb = 16384
 jit = $JIT
 EOF
-figure meta.daemon_config "${BUILD_TYPE:-unknown} build, defaults (io_threads 2, workers 2, prewarmed 2, log level info) but max_in_flight 256, max_retained 2000, memory_budget_mb 16384, jit $JIT"
+figure meta.daemon_config "${BUILD_TYPE:-unknown} build, defaults (io_threads 1, workers 2, prewarmed 2, log level info) but max_in_flight 256, max_retained 2000, memory_budget_mb 16384, jit $JIT"
 mkdir -p "$WORK/state"
 SOCKET=$WORK/d.sock
 "$DAEMON" --socket "$SOCKET" --state-dir "$WORK/state" --config "$WORK/toolhost.toml" \

@@ -316,6 +316,36 @@ TEST_CASE("audit: appends from many threads are written in batches and tail read
   CHECK(newest[0].sequence == kThreads * kEach + 1);
 }
 
+TEST_CASE("audit: a full store loses the batch it cannot write and tail still answers",
+          "[policy][audit]") {
+  TempDir dir;
+  toolhost::store::Options options;
+  options.stateDir = dir.state();
+  options.tables = DecisionStore::tables();
+  options.mapSizeMb = 1;
+  auto opened = Store::open(options);
+  REQUIRE(opened);
+  StorePtr store = std::move(*opened);
+  AuditLog audit(*store, 100000);
+  auto entry = [](std::size_t i, std::size_t reasonBytes) {
+    AuditEntry made;
+    made.kind = "request";
+    made.reason = std::to_string(i) + std::string(reasonBytes, 'x');
+    return made;
+  };
+  for (std::size_t i = 0; i < 10; ++i) audit.append(entry(i, 10));
+  REQUIRE(valueOf(audit.tail(100)).size() == 10);
+  // Far more than the map holds: the batches that do not fit are lost (and logged).
+  for (std::size_t i = 10; i < 210; ++i) audit.append(entry(i, 20000));
+  auto kept = valueOf(audit.tail(1000));  // answers: a failed batch counts as done
+  REQUIRE(kept.size() >= 10);
+  CHECK(kept.size() < 210);
+  for (std::size_t i = 0; i < 10; ++i) {
+    CHECK(kept[i].sequence == i + 1);
+    CHECK(kept[i].reason == std::to_string(i) + std::string(10, 'x'));
+  }
+}
+
 TEST_CASE("manifest ceiling: fetch origin and class, popup target, invoke endpoint",
           "[policy][decisions]") {
   auto manifest = json::parse(R"({

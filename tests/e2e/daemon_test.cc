@@ -280,26 +280,53 @@ TEST_CASE("the state store opens with the daemon and a second daemon on it is re
   CHECK_THAT(rival->log(), Catch::Contains("in use by pid"));
 }
 
+namespace {
+
+// LMDB's writer lock is shared by every process that opens the environment: holding it here
+// makes the daemon's next write wait, as a slow or stalled disk would.
+class HeldWriterLock {
+ public:
+  explicit HeldWriterLock(const fs::path& stateDir) {
+    REQUIRE(mdb_env_create(&env_) == 0);
+    REQUIRE(mdb_env_open(env_, (stateDir / "db").c_str(), MDB_NOTLS, 0600) == 0);
+    REQUIRE(mdb_txn_begin(env_, nullptr, 0, &txn_) == 0);
+  }
+  void release() {
+    if (txn_ != nullptr) mdb_txn_abort(txn_);
+    txn_ = nullptr;
+  }
+  ~HeldWriterLock() {
+    release();
+    mdb_env_close(env_);
+  }
+  HeldWriterLock(const HeldWriterLock&) = delete;
+  HeldWriterLock& operator=(const HeldWriterLock&) = delete;
+
+ private:
+  MDB_env* env_ = nullptr;
+  MDB_txn* txn_ = nullptr;
+};
+
+std::string installLine(int id, const std::string& name) {
+  return R"({"jsonrpc":"2.0","id":)" + std::to_string(id) +
+         R"(,"method":"tools.install","params":{"manifest":{"name":")" + name +
+         R"(","description":"d","parameters":{"type":"object"},"execution":{"class":"sandboxed-code",)"
+         R"("runtime":"javascript","source":"export default async () => 1"}}}})"
+         "\n";
+}
+
+}  // namespace
+
 TEST_CASE("a write waiting for the disk holds no I/O thread: other requests are still answered",
           "[e2e][daemon][disk]") {
   // One I/O thread, so that a write made on it would stop the whole daemon.
   DaemonOptions options;
   options.configToml = "[server]\nio_threads = 1\n";
   auto daemon = DaemonProcess::start(options);
-  // LMDB's writer lock is shared by every process that opens the environment: holding it here
-  // makes the daemon's next write wait, as a slow or stalled disk would.
-  MDB_env* env = nullptr;
-  REQUIRE(mdb_env_create(&env) == 0);
-  REQUIRE(mdb_env_open(env, (daemon->stateDir() / "db").c_str(), MDB_NOTLS, 0600) == 0);
-  MDB_txn* holding = nullptr;
-  REQUIRE(mdb_txn_begin(env, nullptr, 0, &holding) == 0);
+  HeldWriterLock disk(daemon->stateDir());
 
   RawClient admin(daemon->socket());
-  admin.send(
-      R"({"jsonrpc":"2.0","id":7,"method":"tools.install","params":{"manifest":{"name":"slow-disk",)"
-      R"("description":"d","parameters":{"type":"object"},"execution":{"class":"sandboxed-code",)"
-      R"("runtime":"javascript","source":"export default async () => 1"}}}})"
-      "\n");
+  admin.send(installLine(7, "slow-disk"));
   CHECK_FALSE(admin.readLine(std::chrono::milliseconds(300)));  // the install waits for the lock
 
   RawClient other(daemon->socket());
@@ -308,13 +335,39 @@ TEST_CASE("a write waiting for the disk holds no I/O thread: other requests are 
   auto info = other.call("daemon.info", nullptr, 9);
   CHECK(info.contains("result"));
 
-  mdb_txn_abort(holding);
+  disk.release();
   auto installed = admin.readJson().as_object();
   CHECK(installed.at("id") == 7);
   REQUIRE(installed.contains("result"));
   CHECK(installed.at("result").at("name") == "slow-disk");
-  mdb_env_close(env);
   // What was written is there.
   auto got = other.call("tools.get", json::object{{"revision", installed.at("result").at("revision")}}, 10);
   CHECK(got.contains("result"));
+}
+
+TEST_CASE("a client that leaves while its write waits for the disk loses nothing",
+          "[e2e][daemon][disk]") {
+  auto daemon = DaemonProcess::start();
+  {
+    HeldWriterLock disk(daemon->stateDir());
+    {
+      RawClient leaving(daemon->socket());
+      leaving.send(installLine(1, "left-behind"));
+      CHECK_FALSE(leaving.readLine(std::chrono::milliseconds(200)));
+    }  // closed while the install waits
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }  // released: the install goes through
+  RawClient client(daemon->socket());
+  auto installedRevisions = [&] {
+    auto listed = client.call("tools.history", json::object{{"name", "left-behind"}}, 2);
+    const auto* result = listed.if_contains("result");
+    return result != nullptr ? result->at("revisions").as_array().size() : 0;
+  };
+  std::size_t revisions = 0;
+  for (int attempt = 0; attempt < 100 && revisions == 0; ++attempt) {
+    revisions = installedRevisions();
+    if (revisions == 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  CHECK(revisions == 1);
+  CHECK(daemon->running());
 }

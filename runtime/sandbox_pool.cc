@@ -215,6 +215,9 @@ struct SandboxPool::Impl {
 
   mutable std::mutex mutex;
   std::map<std::string, std::shared_ptr<Slot>> retained;  // by revision
+  // The sum of heapBytes over `retained`, kept as slots come, go and report their heap, so that
+  // the budget check after every call costs nothing while the pool is within its limits.
+  std::uint64_t retainedHeap = 0;
   std::set<std::shared_ptr<CallJob>> jobs;
   bool stopping = false;
   std::atomic<std::uint64_t> nextEpoch{1};
@@ -356,6 +359,7 @@ struct SandboxPool::Impl {
   asio::awaitable<CallOutcome> run(std::shared_ptr<CallJob> job);
   void finish(const std::shared_ptr<CallJob>& job, std::exception_ptr error, CallOutcome outcome);
   void evictLocked();
+  void unretainLocked(std::map<std::string, std::shared_ptr<Slot>>::iterator found);
   void disposeLocked(const std::shared_ptr<Slot>& slot);
   CallError killError(Kill kill, const CallJob& job) const;
 
@@ -431,6 +435,7 @@ SandboxPool::~SandboxPool() {
   std::lock_guard lock(impl_->mutex);
   for (auto& [revision, slot] : impl_->retained) slot->sandbox.reset();
   impl_->retained.clear();
+  impl_->retainedHeap = 0;
   impl_->spares.clear();
 }
 
@@ -734,13 +739,13 @@ void SandboxPool::Impl::finish(const std::shared_ptr<CallJob>& job, std::excepti
     if (job->ran) {
       ++slot.calls;
       slot.lastUsed = Clock::now();
+      if (slot.retained) retainedHeap = retainedHeap - slot.heapBytes + job->heapBytes;
       slot.heapBytes = job->heapBytes;
       slot.hasSandbox = job->sandboxKept;
     }
     if (slot.pending == 0) {
       if (slot.retained && !slot.hasSandbox) {
-        retained.erase(slot.revision);  // nothing left to retain (failed first call, discarded)
-        slot.retained = false;
+        unretainLocked(retained.find(slot.revision));  // nothing left to retain (failed first call, discarded)
       } else if (!slot.retained && slot.hasSandbox) {
         disposeLocked(job->slot);  // detached while it ran
       }
@@ -763,26 +768,27 @@ void SandboxPool::Impl::disposeLocked(const std::shared_ptr<Slot>& slot) {
   });
 }
 
+void SandboxPool::Impl::unretainLocked(std::map<std::string, std::shared_ptr<Slot>>::iterator found) {
+  retainedHeap -= found->second->heapBytes;
+  found->second->retained = false;
+  retained.erase(found);
+}
+
 void SandboxPool::Impl::evictLocked() {
-  std::size_t count = retained.size();
-  std::uint64_t heap = 0;
+  const std::uint64_t budget = static_cast<std::uint64_t>(config.memoryBudgetMb) * kMiB;
+  auto within = [&] { return retained.size() <= config.maxRetained && retainedHeap <= budget; };
+  if (within()) return;
   std::vector<std::shared_ptr<Slot>> idle;
   for (const auto& [revision, slot] : retained) {
-    heap += slot->heapBytes;
     if (slot->pending == 0) idle.push_back(slot);
   }
-  const std::uint64_t budget = static_cast<std::uint64_t>(config.memoryBudgetMb) * kMiB;
-  if (count <= config.maxRetained && heap <= budget) return;
   std::sort(idle.begin(), idle.end(),
             [](const auto& a, const auto& b) { return a->lastUsed < b->lastUsed; });
   for (const auto& slot : idle) {
-    if (count <= config.maxRetained && heap <= budget) break;
+    if (within()) break;
     spdlog::debug("runtime: evicting the idle sandbox of {} ({})", slot->name, slot->revision);
-    retained.erase(slot->revision);
-    slot->retained = false;
+    unretainLocked(retained.find(slot->revision));
     changedLocked(slot->revision);
-    --count;
-    heap -= slot->heapBytes;
     disposeLocked(slot);
   }
 }
@@ -852,8 +858,7 @@ bool SandboxPool::terminate(const std::string& revision) {
     auto found = impl_->retained.find(revision);
     if (found == impl_->retained.end()) return false;
     auto slot = found->second;
-    impl_->retained.erase(found);
-    slot->retained = false;
+    impl_->unretainLocked(found);
     impl_->changedLocked(revision);
     if (slot->pending == 0) {
       impl_->disposeLocked(slot);
@@ -888,8 +893,7 @@ void SandboxPool::discard(const std::string& revision) {
   auto found = impl_->retained.find(revision);
   if (found == impl_->retained.end()) return;
   auto slot = found->second;
-  impl_->retained.erase(found);
-  slot->retained = false;
+  impl_->unretainLocked(found);
   impl_->changedLocked(revision);
   if (slot->pending == 0) impl_->disposeLocked(slot);
 }

@@ -64,10 +64,10 @@ struct AuditFilter {
 
 class AuditLog {
  public:
-  // `maxEntries` (config: [policy] audit_max_entries) bounds the table; at least 1.
   // The most entries that wait for the disk before append() waits for room.
   static constexpr std::size_t kMaxQueued = 10000;
 
+  // `maxEntries` (config: [policy] audit_max_entries) bounds the table; at least 1.
   AuditLog(store::Store& store, std::size_t maxEntries);
   ~AuditLog();
   AuditLog(const AuditLog&) = delete;

@@ -47,6 +47,9 @@ std::uint64_t selfRssKb();
 struct EchoServerOptions {
   std::filesystem::path socket;
   unsigned threads = 1;  // as the daemon's default [server] io_threads
+  // none: answer on the I/O thread. thread / process: every line goes through a mirror (a thread
+  // or a child process per connection) and back before it is answered: the floor of a hop.
+  enum class Hop { none, thread, process } hop = Hop::none;
 };
 int runEchoServer(const EchoServerOptions& options);
 

@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <exception>
+#include <map>
+#include <string>
 
 int main(int argc, char** argv) {
   using namespace toolhost::bench;
@@ -17,6 +19,14 @@ int main(int argc, char** argv) {
   auto* echoCommand = app.add_subcommand("echo-server", "a bare Asio NDJSON JSON-RPC echo server (the transport floor)");
   echoCommand->add_option("socket", echo.socket, "Unix socket path to listen on")->required();
   echoCommand->add_option("--threads", echo.threads, "I/O threads (default 1, as the daemon's io_threads)");
+  echoCommand
+      ->add_option("--hop", echo.hop,
+                   "none (default), or thread / process: every line goes through a mirror thread or "
+                   "process and back before it is answered (the floor of a server that runs calls elsewhere)")
+      ->transform(CLI::CheckedTransformer(std::map<std::string, EchoServerOptions::Hop>{
+          {"none", EchoServerOptions::Hop::none},
+          {"thread", EchoServerOptions::Hop::thread},
+          {"process", EchoServerOptions::Hop::process}}));
 
   ClientOptions client;
   std::string pid;

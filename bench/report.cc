@@ -134,6 +134,56 @@ int runReport(const ReportOptions& options) {
     out << "| " << row.what << " | " << format(row.measured, row.unit) << " | " << row.floorName << " | "
         << format(row.floor, row.unit) << " | " << ratio << " | " << target << " | " << met << " |\n";
   }
+  // The warm-call targets beside what a hop costs by itself, and what the daemon costs without a
+  // sandbox: which part of the gap is the hop every design with V8 worker threads pays, which
+  // the daemon's own path, which the sandbox.
+  struct Column {
+    const char* name;
+    std::string prefix;
+  };
+  const std::vector<Column> columns{{"echo", "echo."},
+                                    {"echo through a thread", "hopthread."},
+                                    {"echo through a process", "hopprocess."},
+                                    {"toolhostd, built-in tool", "native."},
+                                    {"toolhostd, sandboxed tool", "daemon."}};
+  struct TargetRow {
+    const char* what;
+    const char* key;
+    const char* unit;
+    const char* target;
+  };
+  const std::vector<TargetRow> targetRows{
+      {"Warm call, sequential, p50", "seq.p50_us", "µs", "≤ 1.3×"},
+      {"Throughput, 64 in flight", "tput.64.calls_per_s", "calls/s", "≥ 0.6×"},
+      {"Server CPU per call, 64 in flight", "tput.64.server_cpu_us_per_call", "µs", "≤ 3.0×"},
+      {"Server CPU per call, 1 in flight", "tput.1.server_cpu_us_per_call", "µs", ""},
+  };
+  if (n("hopthread.seq.p50_us")) {
+    out << "\nThe warm-call targets beside the cost of a hop (the echo server with every line sent "
+           "through a thread, or a process, and back) and of the daemon without a sandbox (its "
+           "built-in tool `echo`); each cell is the figure and its ratio to the echo:\n\n";
+    out << "| measurement |";
+    for (const auto& column : columns) out << " " << column.name << " |";
+    out << " target |\n|---|";
+    for (std::size_t i = 0; i < columns.size(); ++i) out << "---:|";
+    out << "---:|\n";
+    for (const auto& row : targetRows) {
+      out << "| " << row.what << " |";
+      const auto base = n(std::string("echo.") + row.key);
+      for (const auto& column : columns) {
+        const auto value = n(column.prefix + row.key);
+        out << " " << format(value, row.unit);
+        if (value && base && *base > 0 && column.prefix != "echo.") {
+          char ratio[32];
+          std::snprintf(ratio, sizeof ratio, " (%.2f×)", *value / *base);
+          out << ratio;
+        }
+        out << " |";
+      }
+      out << " " << row.target << " |\n";
+    }
+  }
+
   out << "\nOther figures of the same run:\n\n";
   out << "| figure | value |\n|---|---:|\n";
   const std::vector<std::pair<std::string, std::string>> others{

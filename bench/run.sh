@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The toolhost benchmark, one run (see bench/README.md): the in-process V8 floors, the bare Asio
-# NDJSON echo server, then a release toolhostd, all measured with the same client; prints the
+# NDJSON echo server (also through a thread hop and a process hop), then a release toolhostd, all
+# measured with the same client; prints the
 # table of figures, ratios and targets and writes it to bench/results/<date>-<commit>.md.
 # A report, not a test: it exits 0 whether or not the targets are met (non-zero only if a
 # measurement could not be taken).
@@ -50,6 +51,8 @@ fi
 WORK=$(mktemp -d /tmp/thbench.XXXXXX)
 FIGURES=$WORK/figures.txt
 ECHO_PID=""
+HOP_THREAD_PID=""
+HOP_PROCESS_PID=""
 DAEMON_PID=""
 
 stop() {  # stop PID: SIGTERM, then wait for it
@@ -60,6 +63,8 @@ stop() {  # stop PID: SIGTERM, then wait for it
 }
 cleanup() {
   stop "$ECHO_PID"
+  stop "$HOP_THREAD_PID"
+  stop "$HOP_PROCESS_PID"
   stop "$DAEMON_PID"
   rm -rf "$WORK"
 }
@@ -117,6 +122,14 @@ step "in-process V8: isolate create + call (100 kept alive), RSS per isolate (10
 "$BENCH" echo-server "$WORK/echo.sock" 2>"$WORK/echo.log" &
 ECHO_PID=$!
 wait_for_socket "$WORK/echo.sock" "$ECHO_PID"
+# The same echo with every line sent through another thread, or another process, and back before
+# it is answered: what the hop alone costs a server that runs its calls elsewhere.
+"$BENCH" echo-server "$WORK/hop-thread.sock" --hop thread 2>>"$WORK/echo.log" &
+HOP_THREAD_PID=$!
+wait_for_socket "$WORK/hop-thread.sock" "$HOP_THREAD_PID"
+"$BENCH" echo-server "$WORK/hop-process.sock" --hop process 2>>"$WORK/echo.log" &
+HOP_PROCESS_PID=$!
+wait_for_socket "$WORK/hop-process.sock" "$HOP_PROCESS_PID"
 
 # --- toolhostd (release) ----------------------------------------------------------------------
 cat >"$WORK/toolhost.toml" <<EOF
@@ -149,15 +162,29 @@ REVISION=$(sed -E 's/.*"revision":"([^"]+)".*/\1/' <<<"$INSTALLED")
 # (other virtual machines on the host) moves each figure by 10-20% from one run to the next, and
 # it moves the floor and the daemon alike when they are measured close together. The figures
 # reported are the medians of the rounds.
+# Each round also measures the echo through a thread hop and through a process hop, and the
+# daemon's built-in tool `echo` (the same call without a sandbox: the daemon's own share).
+NATIVE_ARGS=(--params '{"name":"echo","arguments":{"text":"hello","n":1}}' --sequential "$SEQUENTIAL"
+  --inflight "$INFLIGHT" --duration "$DURATION")
 for round in $(seq "$ROUNDS"); do
-  step "round $round/$ROUNDS: echo server, then toolhostd: sequential, then 1/16/64 in flight for ${DURATION}s each"
+  step "round $round/$ROUNDS: echo server, echo through a thread and a process, toolhostd, toolhostd's built-in echo: sequential, then 1/16/64 in flight for ${DURATION}s each"
   "$BENCH" client "$WORK/echo.sock" "${CLIENT_ARGS[@]}" --server-pid "$ECHO_PID" \
     --prefix "echo.round$round." >>"$WORK/rounds.txt"
+  "$BENCH" client "$WORK/hop-thread.sock" "${CLIENT_ARGS[@]}" --server-pid "$HOP_THREAD_PID" \
+    --prefix "hopthread.round$round." >>"$WORK/rounds.txt"
+  "$BENCH" client "$WORK/hop-process.sock" "${CLIENT_ARGS[@]}" --server-pid "$HOP_PROCESS_PID" \
+    --prefix "hopprocess.round$round." >>"$WORK/rounds.txt"
   "$BENCH" client "$SOCKET" "${CLIENT_ARGS[@]}" --server-pid "$DAEMON_PID" \
     --prefix "daemon.round$round." >>"$WORK/rounds.txt"
+  "$BENCH" client "$SOCKET" "${NATIVE_ARGS[@]}" --server-pid "$DAEMON_PID" \
+    --prefix "native.round$round." >>"$WORK/rounds.txt"
 done
 stop "$ECHO_PID"
+stop "$HOP_THREAD_PID"
+stop "$HOP_PROCESS_PID"
 ECHO_PID=""
+HOP_THREAD_PID=""
+HOP_PROCESS_PID=""
 # "echo.round2.seq.p50_us 17.3" -> the median of each figure over the rounds, as "echo.seq.p50_us".
 awk '{ key = $1; sub(/\.round[0-9]+\./, ".", key); values[key] = values[key] " " $2 }
      END {

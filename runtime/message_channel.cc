@@ -86,14 +86,14 @@ asio::awaitable<std::string> MessageChannel::readUntilClosed() {
   co_return closeReason_;
 }
 
-void MessageChannel::send(const json::object& message) {
+void MessageChannel::send(const json::object& message, bool batch) {
   std::string text;
   protocol::appendJson(text, message);
   text.push_back('\n');
   std::lock_guard lock(mutex_);
   if (closed_) return;
   std::string_view rest = text;
-  if (!writing_) {
+  if (!writing_ && !batch) {
     // Nothing queued or being written: straight to the socket from this thread, which spares
     // waking the strand's thread for the common small message. The strand's read on the same
     // socket does not mind; finish() closes the socket only after setting closed_ under mutex_,

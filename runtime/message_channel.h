@@ -41,8 +41,9 @@ class MessageChannel : public std::enable_shared_from_this<MessageChannel> {
 
   // Starts reading. Call once.
   void start(OnMessage onMessage, OnClosed onClosed);
-  // Queues one message. Any thread; dropped once closed.
-  void send(const boost::json::object& message);
+  // Queues one message. Any thread; dropped once closed. `batch`: leave it to the strand's thread
+  // to write, with whatever else queues meanwhile, instead of writing it from this thread.
+  void send(const boost::json::object& message, bool batch = false);
   // Closes the socket; onClosed(reason) runs on the strand unless it already ran. Any thread.
   void close(std::string reason);
 

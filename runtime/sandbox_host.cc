@@ -373,10 +373,12 @@ class HostSide {
   // On the V8 worker thread that ran the call (or the I/O thread, for one refused at once): the
   // result goes from here, without a hop back to the I/O thread.
   void finished(std::uint64_t id, std::exception_ptr error, CallOutcome outcome) {
+    bool othersRunning;
     {
       std::lock_guard lock(callsMutex_);
       calls_.erase(id);
       reported_.erase(id);
+      othersRunning = !calls_.empty();
     }
     json::object message{{"t", "result"}, {"id", id}};
     if (error) {
@@ -407,7 +409,7 @@ class HostSide {
       }
     }
     if (auto rest = ipc::changesToJson(changes); !rest.empty()) message["sandboxes"] = std::move(rest);
-    channel_->send(message);
+    channel_->send(message, othersRunning);
   }
 
   void sendSandboxes() {

@@ -13,8 +13,7 @@ namespace toolhost::daemon {
 namespace asio = boost::asio;
 namespace json = boost::json;
 
-asio::awaitable<MethodResult> Dispatcher::invoke(CallContext& context,
-                                                 const protocol::Request& request) {
+asio::awaitable<MethodResult> Dispatcher::invoke(CallContext& context, protocol::Request& request) {
   const CompiledMethod* method = methods_.tryFind(request.method);
   if (method == nullptr) {
     co_return protocol::makeError(protocol::rpc_error::kMethodNotFound, "method-not-found",
@@ -33,8 +32,8 @@ asio::awaitable<MethodResult> Dispatcher::invoke(CallContext& context,
                            (heldText.empty() ? "none" : heldText));
   }
   json::object params;
-  if (const auto* object = request.params.if_object()) {
-    params = *object;
+  if (auto* object = request.params.if_object()) {
+    params = std::move(*object);
   } else if (const auto* array = request.params.if_array(); array && !array->empty()) {
     co_return invalidParams("params must be named: send an object, not an array");
   }

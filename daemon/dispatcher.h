@@ -21,7 +21,8 @@ class Dispatcher {
                                                                   protocol::Request request);
 
  private:
-  boost::asio::awaitable<MethodResult> invoke(CallContext& context, const protocol::Request& request);
+  // Moves the params out of `request`.
+  boost::asio::awaitable<MethodResult> invoke(CallContext& context, protocol::Request& request);
 
   const MethodTable& methods_;
 };

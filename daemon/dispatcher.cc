@@ -45,7 +45,9 @@ asio::awaitable<MethodResult> Dispatcher::invoke(CallContext& context, protocol:
 
 asio::awaitable<std::optional<json::value>> Dispatcher::serve(CallContext& context,
                                                               protocol::Request request) {
-  auto started = std::chrono::steady_clock::now();
+  // The clock is read only for the debug log, which is usually off.
+  const bool timed = spdlog::should_log(spdlog::level::debug);
+  const auto started = timed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
   spdlog::debug("conn={} req={} method={} start", context.connectionId, context.requestId,
                 request.method);
   MethodResult result = protocol::makeError(protocol::rpc_error::kInternalError, "internal", "");
@@ -70,12 +72,14 @@ asio::awaitable<std::optional<json::value>> Dispatcher::serve(CallContext& conte
                                      std::to_string(context.connectionId) + ", request " +
                                      context.requestId + ")");
   }
-  auto micros = std::chrono::duration_cast<std::chrono::microseconds>(
-                    std::chrono::steady_clock::now() - started)
-                    .count();
   if (result) {
-    spdlog::debug("conn={} req={} method={} ok in {} us", context.connectionId, context.requestId,
-                  request.method, micros);
+    if (timed) {
+      const auto micros = std::chrono::duration_cast<std::chrono::microseconds>(
+                              std::chrono::steady_clock::now() - started)
+                              .count();
+      spdlog::debug("conn={} req={} method={} ok in {} us", context.connectionId,
+                    context.requestId, request.method, micros);
+    }
   } else {
     spdlog::warn("conn={} req={} method={} error {} ({}): {}", context.connectionId,
                  context.requestId, request.method, result.error().code, result.error().kind,

@@ -24,6 +24,14 @@ constexpr std::size_t kWriteGatherBytes = 256 * 1024;
 constexpr std::size_t kMaxQueuedNotificationBytes = 64 * 1024 * 1024;
 constexpr auto as_tuple_awaitable = asio::as_tuple(use_awaitable);
 
+// A request id as JSON text: its key for $/cancelRequest and its name in the log. Integers, the
+// usual ids, without a serializer.
+std::string idText(const json::value& id) {
+  if (id.is_int64()) return std::to_string(id.get_int64());
+  if (id.is_uint64()) return std::to_string(id.get_uint64());
+  return protocol::writeJson(id);
+}
+
 void logIfThrew(std::uint64_t connection, const char* what, std::exception_ptr error) {
   if (!error) return;
   try {
@@ -185,7 +193,7 @@ void Session::handleLine(std::string_view line) {
 }
 
 bool Session::cancelById(const json::value& id) {
-  auto [begin, end] = requestKeysById_.equal_range(protocol::writeJson(id));
+  auto [begin, end] = requestKeysById_.equal_range(idText(id));
   bool found = false;
   for (auto it = begin; it != end; ++it) {
     if (auto request = requests_.find(it->second); request != requests_.end()) {
@@ -230,13 +238,13 @@ void Session::spawnRequest(protocol::Request request, std::shared_ptr<BatchState
   auto key = nextRequestKey_++;
   auto signal = std::make_shared<asio::cancellation_signal>();
   requests_.emplace(key, signal);
-  std::optional<std::string> idText;
+  std::optional<std::string> text;
   if (request.id) {
-    idText = protocol::writeJson(*request.id);
-    requestKeysById_.emplace(*idText, key);
+    text = idText(*request.id);
+    requestKeysById_.emplace(*text, key);
   }
   asio::co_spawn(socket_.get_executor(),
-                 serveRequest(shared_from_this(), std::move(request), std::move(idText),
+                 serveRequest(shared_from_this(), std::move(request), std::move(text),
                               std::move(batch), index, key),
                  // The signal holds the request coroutine's cancellation state, which the
                  // coroutine touches until its very end (after serveRequest() erased it from

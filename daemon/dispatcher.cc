@@ -47,7 +47,8 @@ asio::awaitable<std::optional<json::value>> Dispatcher::serve(CallContext& conte
                                                               protocol::Request request) {
   // The clock is read only for the debug log, which is usually off.
   const bool timed = spdlog::should_log(spdlog::level::debug);
-  const auto started = timed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
+  const auto started =
+      timed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
   spdlog::debug("conn={} req={} method={} start", context.connectionId, context.requestId,
                 request.method);
   MethodResult result = protocol::makeError(protocol::rpc_error::kInternalError, "internal", "");

@@ -8,7 +8,8 @@
 //    not a JSON object, or close()), after which no handler runs and send() drops its message.
 //  - Outgoing messages queue without bound: the peer is our own code, which always reads.
 //  - send() writes on the calling thread when nothing is queued and the socket takes the whole
-//    message at once; otherwise the strand writes it. Messages keep the order of the send()s.
+//    message at once, unless asked to batch; otherwise the strand writes it, together with
+//    whatever queued meanwhile. Messages keep the order of the send()s.
 #pragma once
 
 #include <boost/asio/any_io_executor.hpp>

@@ -8,8 +8,8 @@
 #include "protocol/json_parse.h"
 #include "protocol/json_text.h"
 
-#include <catch2/catch.hpp>
 #include <boost/json.hpp>
+#include <catch2/catch.hpp>
 
 #include <cstdint>
 #include <cstdlib>
@@ -43,16 +43,19 @@ class Generator {
       : random_(seed), names_(std::move(names)), revisions_(std::move(revisions)) {}
 
   bool chance(double p) { return std::uniform_real_distribution<double>(0, 1)(random_) < p; }
-  std::size_t below(std::size_t n) { return std::uniform_int_distribution<std::size_t>(0, n - 1)(random_); }
+  std::size_t below(std::size_t n) {
+    return std::uniform_int_distribution<std::size_t>(0, n - 1)(random_);
+  }
   template <typename T>
-  const T& pick(const std::vector<T>& from) { return from[below(from.size())]; }
+  const T& pick(const std::vector<T>& from) {
+    return from[below(from.size())];
+  }
 
   json::value junk(int depth = 0) {
     const double r = std::uniform_real_distribution<double>(0, 1)(random_);
     if (depth > 3 || r < 0.15) {
-      static const std::vector<json::value> scalars{nullptr, true, false, 0, -1, 1.5,
-                                                   9007199254740992LL, INT64_MIN, UINT64_MAX,
-                                                   1e300, -0.0};
+      static const std::vector<json::value> scalars{
+          nullptr, true, false, 0, -1, 1.5, 9007199254740992LL, INT64_MIN, UINT64_MAX, 1e300, -0.0};
       return pick(scalars);
     }
     if (r < 0.45) return json::value(text());
@@ -61,18 +64,28 @@ class Generator {
       for (std::size_t i = below(5); i > 0; --i) out.push_back(junk(depth + 1));
       return out;
     }
-    static const std::vector<std::string> keys{"a", "name", "revision", "id", "limits", "wallMs",
-                                               "", "__proto__", "constructor"};
+    static const std::vector<std::string> keys{
+        "a", "name", "revision", "id", "limits", "wallMs", "", "__proto__", "constructor"};
     json::object out;
     for (std::size_t i = below(5); i > 0; --i) out[pick(keys)] = junk(depth + 1);
     return out;
   }
 
   std::string text() {
-    static const std::vector<std::string> odd{
-        "", "a", "echo", "time-now", "sha256:" + std::string(43, 'A'), std::string(3000, 'x'),
-        std::string("nul\0inside", 10), "\xed\x9f\xbf\xee\x80\x80", "../../etc/passwd",
-        "https://127.0.0.1/", "null", "-1", " ", "sha256:"};
+    static const std::vector<std::string> odd{"",
+                                              "a",
+                                              "echo",
+                                              "time-now",
+                                              "sha256:" + std::string(43, 'A'),
+                                              std::string(3000, 'x'),
+                                              std::string("nul\0inside", 10),
+                                              "\xed\x9f\xbf\xee\x80\x80",
+                                              "../../etc/passwd",
+                                              "https://127.0.0.1/",
+                                              "null",
+                                              "-1",
+                                              " ",
+                                              "sha256:"};
     const double r = std::uniform_real_distribution<double>(0, 1)(random_);
     if (r < 0.3 && !revisions_.empty()) return pick(revisions_);
     if (r < 0.5) return pick(names_);
@@ -82,8 +95,8 @@ class Generator {
   json::value fromSchema(const json::value& schema, int depth = 0) {
     if (!schema.is_object() || depth > 4 || chance(0.1)) return junk(depth);
     const json::object& s = schema.as_object();
-    if (const auto* choices = s.if_contains("enum"); choices && choices->is_array() &&
-                                                     !choices->as_array().empty()) {
+    if (const auto* choices = s.if_contains("enum");
+        choices && choices->is_array() && !choices->as_array().empty()) {
       const auto& array = choices->as_array();
       return array[below(array.size())];
     }
@@ -97,8 +110,8 @@ class Generator {
     }
     if (type == "string") return json::value(text());
     if (type == "integer") {
-      static const std::vector<json::value> ints{0, 1, -1, 10, 1000, 2147483648LL, -2147483648LL,
-                                                 4611686018427387904LL};
+      static const std::vector<json::value> ints{
+          0, 1, -1, 10, 1000, 2147483648LL, -2147483648LL, 4611686018427387904LL};
       return pick(ints);
     }
     if (type == "number") {
@@ -110,7 +123,8 @@ class Generator {
       json::array out;
       const json::value none;
       const auto* items = s.if_contains("items");
-      for (std::size_t i = below(4); i > 0; --i) out.push_back(fromSchema(items ? *items : none, depth + 1));
+      for (std::size_t i = below(4); i > 0; --i)
+        out.push_back(fromSchema(items ? *items : none, depth + 1));
       return out;
     }
     if (type == "object" || s.contains("properties")) {
@@ -121,9 +135,11 @@ class Generator {
           if (name.is_string()) required.insert(std::string(name.as_string()));
         }
       }
-      if (const auto* properties = s.if_contains("properties"); properties && properties->is_object()) {
+      if (const auto* properties = s.if_contains("properties");
+          properties && properties->is_object()) {
         for (const auto& [name, sub] : properties->as_object()) {
-          if (required.contains(std::string(name)) || chance(0.5)) out[name] = fromSchema(sub, depth + 1);
+          if (required.contains(std::string(name)) || chance(0.5))
+            out[name] = fromSchema(sub, depth + 1);
         }
       }
       if (chance(0.1)) out["extra"] = junk(depth + 1);
@@ -140,7 +156,8 @@ class Generator {
 
 // Reads until every id in `ids` (as JSON text) has its answer; fails on a second answer. Answers
 // under other ids (a corrupted line's, which may still parse) are skipped.
-std::map<std::string, json::object> answersFor(RawClient& client, const std::set<std::string>& ids) {
+std::map<std::string, json::object> answersFor(RawClient& client,
+                                               const std::set<std::string>& ids) {
   std::map<std::string, json::object> answers;
   while (answers.size() < ids.size()) {
     auto line = client.readLine(std::chrono::seconds(60));
@@ -182,7 +199,9 @@ TEST_CASE("random requests to every method get one answer each and harm nothing"
         {"name", name},
         {"description", "a tool for random requests"},
         {"parameters", json::parse(R"({"type":"object","properties":{"name":{"type":"string"}}})")},
-        {"execution", json::object{{"class", "sandboxed-code"}, {"runtime", "javascript"}, {"source", kSources[i]}}},
+        {"execution",
+         json::object{
+             {"class", "sandboxed-code"}, {"runtime", "javascript"}, {"source", kSources[i]}}},
         {"limits", json::object{{"wallMs", 300}, {"cpuMs", 100}}}};
     auto installed = client.call("tools.install", json::object{{"manifest", manifest}});
     REQUIRE(installed.contains("result"));
@@ -211,13 +230,15 @@ TEST_CASE("random requests to every method get one answer each and harm nothing"
         const auto& p = param.as_object();
         const auto* schema = p.if_contains("schema");
         properties[p.at("name").as_string()] = schema ? *schema : json::value(json::object{});
-        if (const auto* isRequired = p.if_contains("required"); isRequired && isRequired->is_bool() &&
-                                                               isRequired->as_bool()) {
+        if (const auto* isRequired = p.if_contains("required");
+            isRequired && isRequired->is_bool() && isRequired->as_bool()) {
           required.push_back(p.at("name"));
         }
       }
     }
-    methods.push_back({name, json::object{{"type", "object"}, {"properties", properties}, {"required", required}}});
+    methods.push_back(
+        {name,
+         json::object{{"type", "object"}, {"properties", properties}, {"required", required}}});
   }
   REQUIRE(methods.size() > 20);
   const Method* callMethod = nullptr;
@@ -228,7 +249,8 @@ TEST_CASE("random requests to every method get one answer each and harm nothing"
 
   // The same requests on every run; TOOLHOST_RANDOM_SEED picks others (a longer search).
   std::uint32_t seed = 20261201;
-  if (const char* given = std::getenv("TOOLHOST_RANDOM_SEED")) seed = static_cast<std::uint32_t>(std::stoul(given));
+  if (const char* given = std::getenv("TOOLHOST_RANDOM_SEED"))
+    seed = static_cast<std::uint32_t>(std::stoul(given));
   INFO("seed " << seed);
   Generator generate(seed, names, revisions);
   std::int64_t nextId = 0;
@@ -239,14 +261,17 @@ TEST_CASE("random requests to every method get one answer each and harm nothing"
     if (generate.chance(0.1)) {
       // A client that leaves in the middle of a call.
       RawClient leaving(daemon->socket());
-      leaving.send(R"({"jsonrpc":"2.0","id":1,"method":"tools.call","params":{"name":"rnd-3","arguments":{}}})" "\n");
+      leaving.send(
+          R"({"jsonrpc":"2.0","id":1,"method":"tools.call","params":{"name":"rnd-3","arguments":{}}})"
+          "\n");
     }
     std::vector<std::string> lines;
     std::set<std::string> ids;
     for (std::size_t i = 1 + generate.below(20); i > 0; --i) {
       // tools.call one time in five: the path through the sandboxes gets its share.
       const Method& method = generate.chance(0.2) ? *callMethod : generate.pick(methods);
-      json::value params = generate.chance(0.9) ? generate.fromSchema(method.schema) : generate.junk();
+      json::value params =
+          generate.chance(0.9) ? generate.fromSchema(method.schema) : generate.junk();
       if (auto* object = params.if_object()) {
         object->erase("delayMs");  // ping's: no sleeping here
         if (method.name == "tools.call" && generate.chance(0.6)) {
@@ -254,14 +279,17 @@ TEST_CASE("random requests to every method get one answer each and harm nothing"
           json::object call{{"name", generate.pick(names)},
                             {"arguments", json::object{{"name", generate.pick(names)}}}};
           if (generate.chance(0.2)) call["mode"] = "disposable";
-          if (generate.chance(0.2)) call["limits"] = json::object{{"wallMs", 1 + generate.below(200)}};
+          if (generate.chance(0.2))
+            call["limits"] = json::object{{"wallMs", 1 + generate.below(200)}};
           params = std::move(call);
         }
       }
-      json::object request{{"jsonrpc", "2.0"}, {"method", method.name}, {"params", std::move(params)}};
+      json::object request{
+          {"jsonrpc", "2.0"}, {"method", method.name}, {"params", std::move(params)}};
       if (!generate.chance(0.05)) {
         ++nextId;
-        json::value id = generate.chance(0.7) ? json::value(nextId) : json::value("s" + std::to_string(nextId));
+        json::value id =
+            generate.chance(0.7) ? json::value(nextId) : json::value("s" + std::to_string(nextId));
         ids.insert(toolhost::protocol::writeJson(id));
         request["id"] = std::move(id);
       }
@@ -295,18 +323,22 @@ TEST_CASE("random requests to every method get one answer each and harm nothing"
       CHECK(answer.at("error").at("code").as_int64() != -32603);
     }
     if (round % 10 == 9) {
-      client.send(R"({"jsonrpc":"2.0","id":"ping","method":"ping"})" "\n");
+      client.send(R"({"jsonrpc":"2.0","id":"ping","method":"ping"})"
+                  "\n");
       CHECK(answersFor(client, {R"("ping")"}).at(R"("ping")").contains("result"));
     }
   }
   CHECK(answered >= static_cast<std::size_t>(nextId));
-  CHECK(errors > 0);  // the junk was refused somewhere
+  CHECK(errors > 0);         // the junk was refused somewhere
   CHECK(errors < answered);  // and not everything was
   CHECK(daemon->running());
-  client.send(R"({"jsonrpc":"2.0","id":"health","method":"daemon.health"})" "\n");
+  client.send(R"({"jsonrpc":"2.0","id":"health","method":"daemon.health"})"
+              "\n");
   CHECK(answersFor(client, {R"("health")"}).at(R"("health")").contains("result"));
   // What was installed before is still there and still runs.
-  client.send(R"({"jsonrpc":"2.0","id":"last","method":"tools.call","params":{"name":"rnd-0","arguments":{"name":"still"}}})" "\n");
+  client.send(
+      R"({"jsonrpc":"2.0","id":"last","method":"tools.call","params":{"name":"rnd-0","arguments":{"name":"still"}}})"
+      "\n");
   auto last = answersFor(client, {R"("last")"}).at(R"("last")");
   INFO(toolhost::protocol::writeJson(last));
   REQUIRE(last.contains("result"));

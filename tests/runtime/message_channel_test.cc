@@ -1,11 +1,11 @@
 // MessageChannel: the socket between the daemon and a sandbox host, over a real socket pair.
 #include "runtime/message_channel.h"
 
-#include <catch2/catch.hpp>
 #include <sys/socket.h>
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/json.hpp>
+#include <catch2/catch.hpp>
 
 #include <chrono>
 #include <condition_variable>
@@ -28,7 +28,8 @@ struct Pair {
   asio::io_context senderIo;
   asio::io_context receiverIo;
   asio::executor_work_guard<asio::io_context::executor_type> senderWork{senderIo.get_executor()};
-  asio::executor_work_guard<asio::io_context::executor_type> receiverWork{receiverIo.get_executor()};
+  asio::executor_work_guard<asio::io_context::executor_type> receiverWork{
+      receiverIo.get_executor()};
   std::shared_ptr<MessageChannel> sender;
   std::shared_ptr<MessageChannel> receiver;
   std::thread senderThread;
@@ -71,7 +72,8 @@ struct Pair {
 
   bool waitFor(std::size_t count) {
     std::unique_lock lock(mutex);
-    return changed.wait_for(lock, std::chrono::seconds(10), [&] { return received.size() >= count; });
+    return changed.wait_for(lock, std::chrono::seconds(10),
+                            [&] { return received.size() >= count; });
   }
 };
 

@@ -30,6 +30,15 @@
 
 namespace toolhost::runtime {
 
+// Host operations (fetches, popups, storage and secret requests, quick ctx requests) of one call:
+// at most kMaxRunningOps reach the host at once, the others wait in the sandbox for their turn,
+// so that no tool holds an unbounded number of requests, sockets and prompts in the daemon (which
+// counts its side too, so that a host process cannot go past it either: ProcessSandboxPool). At
+// most kMaxOutstandingOps may be outstanding, running or waiting; one more is refused with
+// "too-many-operations".
+inline constexpr std::size_t kMaxRunningOps = 64;
+inline constexpr std::size_t kMaxOutstandingOps = 1024;
+
 class CallOperation;
 
 struct CallState {
@@ -55,7 +64,8 @@ struct CallState {
 
   // Host operations started and not yet settled in JavaScript. The call ends when its promise
   // settled and this is zero, or when it is cut short (then the rest are aborted). Completions
-  // arrive on the strand and are settled in the next segment.
+  // arrive on the strand and are settled in the next segment. At most kMaxOutstandingOps, of
+  // which at most kMaxRunningOps started with the host (Sandbox::startHostOp).
   std::size_t outstandingOps = 0;
   struct Completion {
     std::size_t resolver;  // index into the sandbox's pending operations of this call

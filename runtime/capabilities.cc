@@ -211,6 +211,14 @@ void onDoor(const DoorArgs& info, v8::Local<v8::Value> epoch) {
            "call-ended");
     return;
   }
+  if (call->outstandingOps >= kMaxOutstandingOps) {
+    reject(context, resolver,
+           std::string(doorName(door)) + ": this call already has " +
+               std::to_string(kMaxOutstandingOps) +
+               " host requests outstanding, the most one call may have; await some first",
+           "too-many-operations");
+    return;
+  }
   CapabilityHost* host = call->host;
   registry::ToolRevisionPtr tool = call->tool;
   Sandbox::StartOp start;

@@ -1,5 +1,6 @@
 #include "runtime/process_sandbox_pool.h"
 
+#include "runtime/call_state.h"
 #include "runtime/message_channel.h"
 #include "runtime/sandbox_protocol.h"
 
@@ -148,6 +149,9 @@ struct Process;
 // A call sent to a host and not yet answered. Under its Process's mutex.
 struct PendingCall {
   registry::ToolRevisionPtr tool;
+  // What the daemon sent with the call (taskId, ...). Requests the call's host makes on its
+  // behalf carry the daemon's copy, never one the host names.
+  json::object invocation;
   EffectiveLimits limits;
   bool ownSandbox = false;
   std::function<void(std::exception_ptr, CallOutcome)> deliver;
@@ -542,6 +546,9 @@ void ProcessSandboxPool::Impl::submit(json::object message, registry::ToolRevisi
           // Registered before the message goes, so that the answer always finds it.
           PendingCall& call = candidate->calls[id];
           call.tool = tool;
+          if (const auto* invocation = message.if_contains("invocation")) {
+            call.invocation = invocation->as_object();
+          }
           call.limits = admission.limits;
           call.ownSandbox = admission.ownSandbox;
           call.deliver = std::move(deliver);
@@ -938,10 +945,14 @@ void ProcessSandboxPool::Impl::handle(const std::shared_ptr<Process>& process,
   } else if (type == "createSubtasks") {
     const auto rid = ipc::uintField(message, "rid");
     registry::ToolRevisionPtr tool;
+    json::object invocation;
     {
       std::lock_guard lock(process->mutex);
       auto found = process->calls.find(ipc::uintField(message, "call"));
-      if (found != process->calls.end()) tool = found->second.tool;
+      if (found != process->calls.end()) {
+        tool = found->second.tool;
+        invocation = found->second.invocation;
+      }
     }
     if (!tool) {
       process->channel->send(
@@ -950,7 +961,7 @@ void ProcessSandboxPool::Impl::handle(const std::shared_ptr<Process>& process,
     }
     asio::post(hostThreads, [self = shared_from_this(), process, rid, tool,
                              drafts = ipc::field(message, "drafts"),
-                             invocation = ipc::objectField(message, "invocation")] {
+                             invocation = std::move(invocation)] {
       json::object reply{{"t", "reply"}, {"rid", rid}};
       try {
         auto answer = self->host.createSubtasks(*tool, drafts, invocation);
@@ -969,18 +980,38 @@ void ProcessSandboxPool::Impl::handle(const std::shared_ptr<Process>& process,
     const auto op = ipc::uintField(message, "op");
     const auto callId = ipc::uintField(message, "call");
     registry::ToolRevisionPtr tool;
+    json::object invocation;
+    bool refused = false;
     auto proxy = std::make_shared<OperationProxy>(process, op);
     {
       std::lock_guard lock(process->mutex);
       auto found = process->calls.find(callId);
       if (found == process->calls.end()) return;  // ended: its abort follows
       tool = found->second.tool;
-      if (!process->ops.emplace(op, Process::Op{proxy, callId, false}).second) {
-        throw ipc::ProtocolError("an operation id used twice");
+      invocation = found->second.invocation;
+      if (process->ops.contains(op)) throw ipc::ProtocolError("an operation id used twice");
+      // The host keeps to kMaxRunningOps per call; one that does not is refused here.
+      const auto ofCall = std::count_if(process->ops.begin(), process->ops.end(),
+                                        [&](const auto& entry) { return entry.second.call == callId; });
+      if (static_cast<std::size_t>(ofCall) >= kMaxRunningOps) {
+        refused = true;
+      } else {
+        process->ops.emplace(op, Process::Op{proxy, callId, false});
       }
     }
+    if (refused) {
+      spdlog::warn("runtime: sandbox process slot {} asked for more than {} operations for one call "
+                   "of {}; refused",
+                   process->slot, kMaxRunningOps, tool->name);
+      json::object failure{{"code", "too-many-operations"}};
+      failure["message"] = "the call already has " + std::to_string(kMaxRunningOps) +
+                           " host requests outstanding";
+      process->channel->send(
+          json::object{{"t", "opComplete"}, {"op", op}, {"error", std::move(failure)}});
+      return;
+    }
     asio::post(hostThreads, [self = shared_from_this(), tool, proxy,
-                             invocation = ipc::objectField(message, "invocation"),
+                             invocation = std::move(invocation),
                              kind = ipc::stringField(message, "kind"),
                              request = ipc::field(message, "request")]() mutable {
       try {

@@ -293,6 +293,13 @@ Sandbox::Step Sandbox::resume() {
       CallState::Completion completion = std::move(js.call.completions.front());
       js.call.completions.pop_front();
       --js.call.outstandingOps;
+      // Its place with the host goes to the operation that waited longest.
+      --runningOps_;
+      if (!waitingOps_.empty() && js.call.post) {
+        auto [operation, start] = std::move(waitingOps_.front());
+        waitingOps_.pop_front();
+        launchOp(std::move(operation), std::move(start));
+      }
       v8::HandleScope scope(js.isolate);
       PendingOp& pending = pending_.at(completion.resolver);
       v8::Local<v8::Promise::Resolver> resolver = pending.resolver.Get(js.isolate);
@@ -366,6 +373,9 @@ Sandbox::Result Sandbox::result() {
 }
 
 void Sandbox::endCall() {
+  // Operations still waiting never reached the host: nothing of them to abort.
+  waitingOps_.clear();
+  runningOps_ = 0;
   {
     v8::Locker locker(isolate_);
     v8::Isolate::Scope isolateScope(isolate_);
@@ -401,8 +411,18 @@ bool Sandbox::startHostOp(v8::Local<v8::Promise::Resolver> resolver, ReplyKind k
   pending_.push_back(PendingOp{v8::Global<v8::Promise::Resolver>(isolate_, resolver), kind});
   ++call_->outstandingOps;
   std::shared_ptr<CallOperation> operation = newOperation(call_, index);
+  if (runningOps_ >= kMaxRunningOps) {
+    waitingOps_.emplace_back(std::move(operation), std::move(start));
+    return true;
+  }
+  launchOp(std::move(operation), std::move(start));
+  return true;
+}
+
+void Sandbox::launchOp(std::shared_ptr<HostOperation> operation, StartOp start) {
+  ++runningOps_;
   // `post` is written only on this strand, so it may be read here without the mutex.
-  call_->post([call = call_, operation, start = std::move(start)]() {
+  call_->post([call = call_, operation = std::move(operation), start = std::move(start)]() {
     if (call->ended) return;  // cut short before the host heard of it: nothing to abort
     try {
       start(operation);
@@ -412,7 +432,6 @@ bool Sandbox::startHostOp(v8::Local<v8::Promise::Resolver> resolver, ReplyKind k
       operation->complete(HostOpFailure{"failed", "the host failed to start the operation"});
     }
   });
-  return true;
 }
 
 v8::MaybeLocal<v8::ArrayBuffer> Sandbox::newArrayBuffer(std::size_t length) {

@@ -94,8 +94,9 @@ class Sandbox {
   CallState* currentCall() { return call_.get(); }
   // Starts a host operation settling `resolver` with a reply of `kind`: `start` runs on the
   // strand after this segment, outside the isolate, with the operation's HostOperation (which it
-  // hands to the host, or completes itself); the completion is settled in a later segment. False
-  // (and nothing started) once the call ended.
+  // hands to the host, or completes itself); the completion is settled in a later segment. With
+  // kMaxRunningOps of the call's operations started and not yet settled, it waits until one is.
+  // False (and nothing started) once the call ended.
   using StartOp = std::function<void(std::shared_ptr<HostOperation>)>;
   bool startHostOp(v8::Local<v8::Promise::Resolver> resolver, ReplyKind kind, StartOp start);
   // A fresh ArrayBuffer of `length` uninitialized bytes allocated through the counting allocator
@@ -166,6 +167,11 @@ class Sandbox {
     ReplyKind kind;
   };
   std::vector<PendingOp> pending_;  // host operations of this call, by CallState::Completion index
+  // Operations of this call started with the host and not yet settled, and those waiting for one
+  // of them to settle (kMaxRunningOps).
+  std::size_t runningOps_ = 0;
+  std::deque<std::pair<std::shared_ptr<HostOperation>, StartOp>> waitingOps_;
+  void launchOp(std::shared_ptr<HostOperation> operation, StartOp start);
 
   Prelude prelude_;  // made with the context, before any tool code
 };

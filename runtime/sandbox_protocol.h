@@ -46,6 +46,8 @@
 //   resolveInvocation {t, rid, revision, name}                          quick: answered by reply
 //   createSubtasks    {t, rid, call, drafts, invocation}                quick: answered by reply
 //   opStart     {t, op, call, kind, request, invocation}    CapabilityHost::startOperation
+//               (the daemon acts with the invocation it sent with `call`; the host's copy is
+//               not read)
 //   opAbort     {t, op}             the call ended before operation `op` completed (onAbort)
 //   pong        {t, seq}
 //

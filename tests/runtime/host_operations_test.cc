@@ -2,6 +2,7 @@
 // storage and secrets through CapabilityHost::startOperation; completions from other threads,
 // before and after the call's end; aborts; wall-clock pauses; and what a tool cannot do to the
 // host's objects by replacing intrinsics.
+#include "runtime/call_state.h"
 #include "runtime/base64.h"
 #include "tests/runtime/runtime_test_support.h"
 
@@ -816,4 +817,54 @@ TEST_CASE("a ctx stashed from an earlier call cannot start operations", "[ops][c
     REQUIRE(*f.call(global).result == 0);
     CHECK(*f.call(global).result == 200);
   }
+}
+
+TEST_CASE("at most kMaxRunningOps of a call's host requests run at once, the rest wait",
+          "[ops][limits]") {
+  Later later;
+  PoolFixture f;
+  // The host answers each fetch 50 ms after it arrives, and notes the most it held at once.
+  std::atomic<int> held{0};
+  std::atomic<int> most{0};
+  f.host.onOperation([&](const std::string&, const json::value&,
+                         std::shared_ptr<HostOperation> operation) {
+    const int now = ++held;
+    for (int seen = most.load(); now > seen && !most.compare_exchange_weak(seen, now);) {
+    }
+    later.after(milliseconds(50), [&held, operation] {
+      --held;
+      operation->complete(fetchReply(200, "ok"));
+    });
+  });
+  auto tool = makeTool(R"(export default async () => {
+      const all = [];
+      for (let i = 0; i < 100; i++) all.push(fetch('https://api.example/' + i).then((r) => r.status));
+      return (await Promise.all(all)).filter((status) => status === 200).length;
+    })",
+                       limits({{"wallMs", 20000}}));
+  auto outcome = f.call(tool);
+  INFO(describe(outcome));
+  REQUIRE(outcome.result);
+  CHECK(*outcome.result == 100);
+  CHECK(most == static_cast<int>(kMaxRunningOps));
+  CHECK(f.host.operations().size() == 100);
+}
+
+TEST_CASE("a call's host request past kMaxOutstandingOps is refused", "[ops][limits]") {
+  PoolFixture f;  // its host refuses storage requests at once, as not authorized
+  auto tool = makeTool(R"(export default async (args, ctx) => {
+      const all = [];
+      for (let i = 0; i < 1100; i++) {
+        all.push(ctx.storage.get('k' + i).then(() => 'stored', (e) => e.code));
+      }
+      const codes = {};
+      for (const code of await Promise.all(all)) codes[code] = (codes[code] || 0) + 1;
+      return codes;
+    })",
+                       json::object{{"capabilities", json::object{{"storage", true}}}});
+  auto outcome = f.call(tool);
+  INFO(describe(outcome));
+  REQUIRE(outcome.result);
+  CHECK(outcome.result->at("too-many-operations") == 1100 - static_cast<std::int64_t>(kMaxOutstandingOps));
+  CHECK(f.host.operations().size() == kMaxOutstandingOps);
 }

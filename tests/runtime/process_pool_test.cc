@@ -3,6 +3,7 @@
 // process. What must hold: calls behave as in process; a tool that aborts V8 or stalls it in a
 // builtin costs its host process, never this one; the host is restarted; capabilities, operations
 // and cancellation cross the socket; nothing leaks (fds, zombies).
+#include "runtime/call_state.h"
 #include "runtime/base64.h"
 #include "runtime/process_sandbox_pool.h"
 #include "tests/runtime/runtime_test_support.h"
@@ -49,9 +50,9 @@ SandboxLaunch testLaunch() { return SandboxLaunch{TOOLHOST_TEST_SANDBOX_HOST, {"
 // The daemon's side: an io_context run by a thread of its own (the daemon's I/O threads), a
 // recording host, and the pool. The pool goes first, then the I/O.
 struct ProcessFixture {
-  explicit ProcessFixture(RuntimeConfig config = processConfig())
+  explicit ProcessFixture(RuntimeConfig config = processConfig(), SandboxLaunch launch = testLaunch())
       : work(asio::make_work_guard(io)), runner([this] { io.run(); }) {
-    pool = std::make_unique<ProcessSandboxPool>(std::move(config), host, testLaunch(),
+    pool = std::make_unique<ProcessSandboxPool>(std::move(config), host, std::move(launch),
                                                 io.get_executor());
   }
   ~ProcessFixture() {
@@ -883,4 +884,102 @@ TEST_CASE("the pool shuts down with calls and operations in flight", "[process]"
   CHECK(errc(*fetching) == CallErrc::cancelled);
   CHECK(spinning->result.error().detail == "the runtime is shutting down");
   CHECK(children().empty());
+}
+
+// --- A host taken over by its tool ---------------------------------------------------------------
+// tests/runtime/hostile_host_main.cc speaks the protocol badly on purpose, as a host process a
+// tool took over through a V8 bug could.
+
+namespace {
+
+SandboxLaunch hostileLaunch(const std::string& scenario) {
+  return SandboxLaunch{TOOLHOST_TEST_HOSTILE_HOST, {"--sandbox-host", scenario}};
+}
+
+bool noZombies() {
+  return waitFor([] {
+    for (const auto& [pid, state] : children()) {
+      if (state == 'Z') return false;
+    }
+    return true;
+  });
+}
+
+}  // namespace
+
+TEST_CASE("a host that breaks the protocol is killed, and only its call fails", "[process][hostile]") {
+  for (const std::string scenario : {"not-json", "wrong-type", "unknown-type", "too-deep"}) {
+    DYNAMIC_SECTION(scenario) {
+      ProcessFixture f(processConfig(), hostileLaunch(scenario));
+      auto tool = counterTool();
+      for (int attempt = 0; attempt < 2; ++attempt) {
+        const auto started = Clock::now();
+        auto outcome = f.call(tool);
+        INFO(describe(outcome));
+        REQUIRE_FALSE(outcome.result);
+        CHECK(outcome.result.error().code == CallErrc::sandboxCrashed);
+        CHECK(millisSince(started) < 5000);
+      }
+      // Each broken host was killed and reaped; the pool still starts hosts.
+      CHECK(noZombies());
+      CHECK(f.pool->processIds().size() == 1);
+    }
+  }
+}
+
+TEST_CASE("a host's results for other calls, and repeated results, reach nobody", "[process][hostile]") {
+  ProcessFixture f(processConfig(), hostileLaunch("stray-results"));
+  auto tool = counterTool();
+  auto first = f.call(tool);
+  INFO(describe(first));
+  REQUIRE(first.result);
+  CHECK(*first.result == "first");
+  // This host answers so fast that its pid may not be recorded yet (spawn() sets it after
+  // posix_spawn returns).
+  REQUIRE(waitFor([&] { return f.pid() != 0; }));
+  const int pid = f.pid();
+  auto second = f.call(tool);
+  REQUIRE(second.result);
+  CHECK(*second.result == "first");
+  CHECK(f.pid() == pid);  // strays are ignored, not a reason to kill the host
+}
+
+TEST_CASE("a host cannot act for a call that is not in flight there", "[process][hostile]") {
+  ProcessFixture f(processConfig(), hostileLaunch("borrowed-call"));
+  auto outcome = f.call(counterTool());
+  INFO(describe(outcome));
+  REQUIRE(outcome.result);
+  CHECK(*outcome.result == "the call has ended");
+  CHECK(f.host.operations().empty());
+  CHECK(f.host.subtasks.empty());
+}
+
+TEST_CASE("a host's requests carry the daemon's invocation, not one the host makes up",
+          "[process][hostile]") {
+  ProcessFixture f(processConfig(), hostileLaunch("forged-invocation"));
+  CallOptions options;
+  options.invocation = {{"taskId", "sha256:task-parent"}};
+  auto outcome = f.call(counterTool(), {}, options);
+  INFO(describe(outcome));
+  REQUIRE(outcome.result);
+  CHECK(outcome.result->at(0).at("id") == "sha256:task-1");
+  REQUIRE(f.host.subtasks.size() == 1);
+  CHECK(f.host.subtasks[0] == R"(counter [] {"taskId":"sha256:task-parent"})");
+}
+
+TEST_CASE("a host cannot start more than kMaxRunningOps operations for one call",
+          "[process][hostile]") {
+  ProcessFixture f(processConfig(), hostileLaunch("operation-flood"));
+  HeldOperations held;
+  held.hold(f.host);
+  auto outcome = f.call(counterTool());
+  INFO(describe(outcome));
+  REQUIRE(outcome.result);
+  CHECK(*outcome.result == 100 - static_cast<std::int64_t>(kMaxRunningOps));
+  // The daemon starts the operations it took on threads of its own: they may reach its host
+  // after the call returned, and then they are aborted at once.
+  CHECK(waitFor([&] { return held.size() == kMaxRunningOps; }));
+  CHECK(waitFor([&] { return held.aborts == static_cast<int>(kMaxRunningOps); }));
+  std::this_thread::sleep_for(milliseconds(100));
+  CHECK(held.size() == kMaxRunningOps);
 }

@@ -1,0 +1,187 @@
+// A sandbox host that breaks the protocol on purpose, as one taken over by a tool (through a V8
+// bug) could: process_pool_test.cc starts it in place of the real host to check that the daemon's
+// side survives it and trusts it no further than the calls it has in flight there.
+//
+//   hostile_host --sandbox-host SCENARIO      (the socket is fd 3, as for the real host)
+//
+// It answers the hello's ping and every later ping, and answers each call as SCENARIO says:
+//   not-json            a line that is not JSON
+//   wrong-type          a result whose id is a string
+//   unknown-type        a message of a type that does not exist
+//   too-deep            a result nested far deeper than any message may be
+//   stray-results       a result for a call that does not exist, then the call's result twice
+//   borrowed-call       requests naming a call that is not in flight (an operation, subtasks),
+//                       then the call's result
+//   forged-invocation   subtasks for the call with an invocation of its own making; the call's
+//                       result carries the daemon's reply
+//   operation-flood     100 operations for the call at once; the call's result counts the ones
+//                       the daemon refused
+#include <unistd.h>
+#include <boost/json.hpp>
+#include <csignal>
+#include <cstdio>
+#include <string>
+#include <string_view>
+
+namespace json = boost::json;
+
+namespace {
+
+constexpr int kFd = 3;
+
+bool writeAll(std::string_view bytes) {
+  while (!bytes.empty()) {
+    const ssize_t n = ::write(kFd, bytes.data(), bytes.size());
+    if (n <= 0) return false;
+    bytes.remove_prefix(static_cast<std::size_t>(n));
+  }
+  return true;
+}
+
+bool send(const json::object& message) { return writeAll(json::serialize(message) + "\n"); }
+
+class Lines {
+ public:
+  // The next line, or false at end of stream.
+  bool next(std::string& line) {
+    for (;;) {
+      if (auto end = buffer_.find('\n'); end != std::string::npos) {
+        line = buffer_.substr(0, end);
+        buffer_.erase(0, end + 1);
+        return true;
+      }
+      char chunk[65536];
+      const ssize_t n = ::read(kFd, chunk, sizeof chunk);
+      if (n <= 0) return false;
+      buffer_.append(chunk, static_cast<std::size_t>(n));
+    }
+  }
+
+ private:
+  std::string buffer_;
+};
+
+json::object outcome(const std::string& revision, json::value value) {
+  return json::object{
+      {"revision", revision},
+      {"logs", ""},
+      {"usage",
+       json::object{{"wallMs", 1}, {"cpuMs", 0}, {"heapPeakBytes", 0}, {"freshSandbox", false}}},
+      {"value", std::move(value)}};
+}
+
+json::object result(std::uint64_t id, const std::string& revision, json::value value) {
+  return json::object{
+      {"t", "result"}, {"id", id}, {"outcome", outcome(revision, std::move(value))}};
+}
+
+// Waits for the reply to quick request `rid`, answering pings meanwhile.
+json::object awaitReply(Lines& lines, std::uint64_t rid) {
+  std::string line;
+  while (lines.next(line)) {
+    auto message = json::parse(line).as_object();
+    const auto type = message.at("t").as_string();
+    if (type == "ping") {
+      send(json::object{{"t", "pong"}, {"seq", message.at("seq")}});
+    } else if (type == "reply" && message.at("rid").to_number<std::uint64_t>() == rid) {
+      return message;
+    }
+  }
+  std::_Exit(0);
+}
+
+void answer(const std::string& scenario, Lines& lines, const json::object& call) {
+  const auto id = call.at("id").to_number<std::uint64_t>();
+  const std::string revision(call.at("revision").as_string());
+  if (scenario == "not-json") {
+    writeAll("this is not JSON\n");
+  } else if (scenario == "wrong-type") {
+    send(json::object{{"t", "result"}, {"id", "one"}, {"outcome", outcome(revision, 1)}});
+  } else if (scenario == "unknown-type") {
+    send(json::object{{"t", "surprise"}, {"id", id}});
+  } else if (scenario == "too-deep") {
+    std::string deep = R"({"t":"result","id":)" + std::to_string(id) + R"(,"outcome":)";
+    deep += std::string(100000, '[') + std::string(100000, ']') + "}\n";
+    writeAll(deep);
+  } else if (scenario == "stray-results") {
+    send(result(id + 1000, revision, "not yours"));
+    send(result(id, revision, "first"));
+    send(result(id, revision, "second"));
+  } else if (scenario == "borrowed-call") {
+    send(json::object{{"t", "opStart"},
+                      {"op", 1},
+                      {"call", id + 1000},
+                      {"kind", "fetch"},
+                      {"request", json::object{{"url", "https://example.com/"}}},
+                      {"invocation", json::object{}}});
+    send(json::object{{"t", "createSubtasks"},
+                      {"rid", 2},
+                      {"call", id + 1000},
+                      {"drafts", json::array{}},
+                      {"invocation", json::object{}}});
+    auto reply = awaitReply(lines, 2);
+    send(result(id, revision,
+                reply.contains("error") ? reply.at("error") : json::value("answered")));
+  } else if (scenario == "operation-flood") {
+    constexpr int kOps = 100;
+    for (int op = 1; op <= kOps; ++op) {
+      send(json::object{{"t", "opStart"},
+                        {"op", op},
+                        {"call", id},
+                        {"kind", "storage"},
+                        {"request", json::object{{"op", "get"}, {"key", "k"}}},
+                        {"invocation", json::object{}}});
+    }
+    // The refusals come back at once; the operations the daemon took stay outstanding.
+    int refused = 0;
+    std::string line;
+    while (refused < kOps && lines.next(line)) {
+      auto message = json::parse(line).as_object();
+      const auto type = message.at("t").as_string();
+      if (type == "ping") {
+        send(json::object{{"t", "pong"}, {"seq", message.at("seq")}});
+      } else if (type == "opComplete" && message.contains("error") &&
+                 message.at("error").at("code") == "too-many-operations") {
+        if (++refused == kOps - 64) break;
+      }
+    }
+    for (int op = 1; op <= kOps; ++op) send(json::object{{"t", "opAbort"}, {"op", op}});
+    send(result(id, revision, refused));
+  } else if (scenario == "forged-invocation") {
+    send(json::object{{"t", "createSubtasks"},
+                      {"rid", 3},
+                      {"call", id},
+                      {"drafts", json::array{}},
+                      {"invocation", json::object{{"taskId", "forged"}}}});
+    auto reply = awaitReply(lines, 3);
+    send(result(id, revision, reply.contains("ok") ? reply.at("ok") : reply.at("error")));
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 3 || std::string_view(argv[1]) != "--sandbox-host") {
+    std::fprintf(stderr, "hostile_host: --sandbox-host SCENARIO, started by the tests\n");
+    return 2;
+  }
+  std::signal(SIGPIPE, SIG_IGN);
+  const std::string scenario = argv[2];
+  Lines lines;
+  std::string line;
+  while (lines.next(line)) {
+    json::object message;
+    try {
+      message = json::parse(line).as_object();
+    } catch (const std::exception&) {
+      return 3;
+    }
+    const auto type = message.at("t").as_string();
+    if (type == "ping") {
+      if (!send(json::object{{"t", "pong"}, {"seq", message.at("seq")}})) return 0;
+    } else if (type == "call") {
+      answer(scenario, lines, message);
+    }
+  }
+  return 0;
+}

@@ -16,6 +16,7 @@
 //                       result carries the daemon's reply
 //   operation-flood     100 operations for the call at once; the call's result counts the ones
 //                       the daemon refused
+//   sandbox-flood       reports of retained sandboxes that do not exist, thousands at a time
 #include <unistd.h>
 #include <boost/json.hpp>
 #include <csignal>
@@ -147,6 +148,23 @@ void answer(const std::string& scenario, Lines& lines, const json::object& call)
     }
     for (int op = 1; op <= kOps; ++op) send(json::object{{"t", "opAbort"}, {"op", op}});
     send(result(id, revision, refused));
+  } else if (scenario == "sandbox-flood") {
+    for (int batch = 0; batch < 100; ++batch) {
+      json::array rows;
+      for (int i = 0; i < 1000; ++i) {
+        const std::string fake = "sha256:fake-" + std::to_string(batch) + "-" + std::to_string(i);
+        rows.push_back(json::object{{"revision", fake},
+                                    {"name", "fake"},
+                                    {"calls", 1},
+                                    {"heapBytes", 1},
+                                    {"idleMs", 0},
+                                    {"busy", false}});
+      }
+      if (!send(json::object{{"t", "sandboxes"}, {"updated", rows}, {"removed", json::array{}}})) {
+        return;  // the daemon has had enough
+      }
+    }
+    send(result(id, revision, "still here"));
   } else if (scenario == "forged-invocation") {
     send(json::object{{"t", "createSubtasks"},
                       {"rid", 3},

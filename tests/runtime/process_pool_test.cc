@@ -908,7 +908,8 @@ bool noZombies() {
 }  // namespace
 
 TEST_CASE("a host that breaks the protocol is killed, and only its call fails", "[process][hostile]") {
-  for (const std::string scenario : {"not-json", "wrong-type", "unknown-type", "too-deep"}) {
+  for (const std::string scenario :
+       {"not-json", "wrong-type", "unknown-type", "too-deep", "sandbox-flood"}) {
     DYNAMIC_SECTION(scenario) {
       ProcessFixture f(processConfig(), hostileLaunch(scenario));
       auto tool = counterTool();

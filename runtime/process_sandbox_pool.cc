@@ -238,6 +238,11 @@ struct Process : std::enable_shared_from_this<Process> {
   };
   std::unordered_map<std::string, KnownSandbox> sandboxes;
   std::uint64_t sandboxReports = 0;
+  // Quick requests (resolveInvocation, createSubtasks) taken and not yet answered. An honest host
+  // has at most one per V8 worker (each waits for its answer); past kMaxQuickRequests it is
+  // breaking the protocol, and the daemon's queue of them must not grow with it.
+  std::size_t quickRequests = 0;
+  static constexpr std::size_t kMaxQuickRequests = 256;
   void applySandboxChanges(const json::object& changes);
   // The row of `tool`'s sandbox from a result's `own` (OwnRow), added or updated.
   void applyOwnRow(const registry::ToolRevision& tool, const json::object& row);
@@ -865,6 +870,32 @@ const CallError kKilledForAnother{
 
 }  // namespace
 
+namespace {
+
+// Counts a quick request of `process` as taken (under its mutex); past the bound, the host is
+// breaking the protocol.
+void takeQuickRequestLocked(Process& process) {
+  if (process.quickRequests >= Process::kMaxQuickRequests) {
+    throw ipc::ProtocolError("more than " + std::to_string(Process::kMaxQuickRequests) +
+                             " quick requests unanswered");
+  }
+  ++process.quickRequests;
+}
+
+// Counts a quick request as answered when it goes out of scope.
+struct QuickRequestDone {
+  explicit QuickRequestDone(Process& counted) : process(counted) {}
+  Process& process;
+  QuickRequestDone(const QuickRequestDone&) = delete;
+  QuickRequestDone& operator=(const QuickRequestDone&) = delete;
+  ~QuickRequestDone() {
+    std::lock_guard lock(process.mutex);
+    if (process.quickRequests > 0) --process.quickRequests;
+  }
+};
+
+}  // namespace
+
 void ProcessSandboxPool::Impl::handle(const std::shared_ptr<Process>& process,
                                       const json::object& message) {
   const std::string type = ipc::stringField(message, "t");
@@ -927,6 +958,7 @@ void ProcessSandboxPool::Impl::handle(const std::shared_ptr<Process>& process,
       for (const auto& [id, call] : process->calls) {
         if (call.tool->revision == revision) tool = call.tool;
       }
+      if (tool) takeQuickRequestLocked(*process);
     }
     if (!tool) {
       process->channel->send(
@@ -934,6 +966,7 @@ void ProcessSandboxPool::Impl::handle(const std::shared_ptr<Process>& process,
       return;
     }
     asio::post(hostThreads, [self = shared_from_this(), process, rid, tool, name] {
+      QuickRequestDone done(*process);
       json::object reply{{"t", "reply"}, {"rid", rid}};
       try {
         auto answer = self->host.resolveInvocation(*tool, name);
@@ -958,6 +991,7 @@ void ProcessSandboxPool::Impl::handle(const std::shared_ptr<Process>& process,
       if (found != process->calls.end()) {
         tool = found->second.tool;
         invocation = found->second.invocation;
+        takeQuickRequestLocked(*process);
       }
     }
     if (!tool) {
@@ -968,6 +1002,7 @@ void ProcessSandboxPool::Impl::handle(const std::shared_ptr<Process>& process,
     asio::post(hostThreads, [self = shared_from_this(), process, rid, tool,
                              drafts = ipc::field(message, "drafts"),
                              invocation = std::move(invocation)] {
+      QuickRequestDone done(*process);
       json::object reply{{"t", "reply"}, {"rid", rid}};
       try {
         auto answer = self->host.createSubtasks(*tool, drafts, invocation);

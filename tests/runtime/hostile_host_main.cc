@@ -17,6 +17,7 @@
 //   operation-flood     100 operations for the call at once; the call's result counts the ones
 //                       the daemon refused
 //   sandbox-flood       reports of retained sandboxes that do not exist, thousands at a time
+//   quick-flood         300 quick requests for the call without waiting for their answers
 #include <unistd.h>
 #include <boost/json.hpp>
 #include <csignal>
@@ -165,6 +166,15 @@ void answer(const std::string& scenario, Lines& lines, const json::object& call)
       }
     }
     send(result(id, revision, "still here"));
+  } else if (scenario == "quick-flood") {
+    for (int rid = 1; rid <= 300; ++rid) {
+      if (!send(json::object{{"t", "resolveInvocation"},
+                             {"rid", rid},
+                             {"revision", revision},
+                             {"name", "other"}})) {
+        return;
+      }
+    }
   } else if (scenario == "forged-invocation") {
     send(json::object{{"t", "createSubtasks"},
                       {"rid", 3},

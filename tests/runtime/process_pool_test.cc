@@ -19,8 +19,10 @@
 #include <boost/asio/local/stream_protocol.hpp>
 #include <boost/json/parse.hpp>
 
+#include <condition_variable>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -983,4 +985,30 @@ TEST_CASE("a host cannot start more than kMaxRunningOps operations for one call"
   CHECK(waitFor([&] { return held.aborts == static_cast<int>(kMaxRunningOps); }));
   std::this_thread::sleep_for(milliseconds(100));
   CHECK(held.size() == kMaxRunningOps);
+}
+
+TEST_CASE("a host's unanswered quick requests are bounded", "[process][hostile]") {
+  ProcessFixture f(processConfig(), hostileLaunch("quick-flood"));
+  // The daemon's answers wait until the call is over, so that the requests pile up unanswered.
+  std::mutex mutex;
+  std::condition_variable opened;
+  bool open = false;
+  f.host.beforeResolve = [&] {
+    std::unique_lock lock(mutex);
+    opened.wait(lock, [&] { return open; });
+  };
+  struct Opener {
+    std::mutex& mutex;
+    std::condition_variable& opened;
+    bool& open;
+    ~Opener() {
+      std::lock_guard lock(mutex);
+      open = true;
+      opened.notify_all();
+    }
+  } opener{mutex, opened, open};
+  auto outcome = f.call(counterTool());
+  INFO(describe(outcome));
+  REQUIRE_FALSE(outcome.result);
+  CHECK(outcome.result.error().code == CallErrc::sandboxCrashed);
 }

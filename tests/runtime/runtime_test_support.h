@@ -60,8 +60,12 @@ inline registry::ToolRevisionPtr makeTool(const std::string& source, boost::json
 // Records what the tools ask for; answers with fixed data.
 class FakeHost : public CapabilityHost {
  public:
+  // When set, runs first in every resolveInvocation (a test may block it there).
+  std::function<void()> beforeResolve;
+
   boost::system::result<boost::json::object, std::string> resolveInvocation(
       const registry::ToolRevision& caller, const std::string& name) override {
+    if (beforeResolve) beforeResolve();
     std::lock_guard lock(mutex_);
     resolved.push_back(caller.name + " -> " + name);
     if (name == "missing") return std::string("no tool named \"missing\"");

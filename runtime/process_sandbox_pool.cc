@@ -868,10 +868,6 @@ const CallError kKilledForAnother{
     "killed; this call's sandbox is gone (calling again starts a new one)",
     {}};
 
-}  // namespace
-
-namespace {
-
 // Counts a quick request of `process` as taken (under its mutex); past the bound, the host is
 // breaking the protocol.
 void takeQuickRequestLocked(Process& process) {

@@ -22,22 +22,28 @@ std::shared_ptr<CallOperation> newOperation(const std::shared_ptr<CallState>& ca
   return operation;
 }
 
-std::vector<std::function<void()>> endOperations(CallState& call) {
+std::vector<std::function<void()>> abortOperations(CallState& call) {
   std::vector<std::function<void()>> aborts;
   std::vector<std::shared_ptr<CallOperation>> live;  // released after the lock
-  std::function<void(std::function<void()>)> post;
+  std::lock_guard lock(call.opsMutex);
+  call.ended = true;
+  live.swap(call.liveOps);
+  for (const auto& operation : live) {
+    operation->paused_ = false;
+    // One whose complete() is racing this end has finished: nothing to abort.
+    if (operation->completed_.load()) continue;
+    for (auto& abort : operation->aborts_) aborts.push_back(std::move(abort));
+    operation->aborts_.clear();
+  }
+  call.pausedOps = 0;
+  return aborts;
+}
+
+std::vector<std::function<void()>> endOperations(CallState& call) {
+  auto aborts = abortOperations(call);
+  std::function<void(std::function<void()>)> post;  // released after the lock
   {
     std::lock_guard lock(call.opsMutex);
-    call.ended = true;
-    live.swap(call.liveOps);
-    for (const auto& operation : live) {
-      operation->paused_ = false;
-      // One whose complete() is racing this end has finished: nothing to abort.
-      if (operation->completed_.load()) continue;
-      for (auto& abort : operation->aborts_) aborts.push_back(std::move(abort));
-      operation->aborts_.clear();
-    }
-    call.pausedOps = 0;
     post.swap(call.post);
   }
   call.wake = nullptr;

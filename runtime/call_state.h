@@ -76,9 +76,10 @@ struct CallState {
 
   // --- Under opsMutex (any thread). ---
   mutable std::mutex opsMutex;
-  // Set once, on the strand, when the call ends: ctx refuses, completions are dropped, aborts
-  // run at once. The strand may read it without the mutex (it is the only writer).
-  bool ended = false;
+  // Set once, when the call ends (on the strand, or by the cancel of a call answered before its
+  // strand ended it): ctx refuses, completions are dropped, aborts run at once. Written under
+  // the mutex; atomic, so that the strand may read it without.
+  std::atomic<bool> ended{false};
   // Runs a function on the sandbox's strand; set by the pool before the call starts.
   std::function<void(std::function<void()>)> post;
   std::vector<std::shared_ptr<CallOperation>> liveOps;  // started, not completed
@@ -104,6 +105,9 @@ std::shared_ptr<CallOperation> newOperation(const std::shared_ptr<CallState>& ca
 // abort functions of operations still outstanding are returned, for the caller to run outside
 // every lock (runAborts).
 std::vector<std::function<void()>> endOperations(CallState& call);
+// The part of endOperations any thread may do (a call answered before its strand ends it): sets
+// `ended` and returns the aborts of the operations still outstanding.
+std::vector<std::function<void()>> abortOperations(CallState& call);
 void runAborts(std::vector<std::function<void()>> aborts, const std::string& toolName);
 
 // The HostOperation of one operation of one call. Thread-safe; see HostOperation.
@@ -118,7 +122,7 @@ class CallOperation final : public HostOperation {
   void onAbort(std::function<void()> abort) override;
 
  private:
-  friend std::vector<std::function<void()>> endOperations(CallState& call);
+  friend std::vector<std::function<void()>> abortOperations(CallState& call);
 
   // Stops this operation's pause, if it holds one. Under the call's opsMutex.
   void unpauseLocked(CallState& call, CallState::Clock::time_point now);

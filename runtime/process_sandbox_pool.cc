@@ -57,6 +57,14 @@ constexpr std::size_t kMaxCachedTools = 256;
 constexpr milliseconds kStartupTimeout{10000};
 constexpr int kHostThreads = 2;
 
+// How long an honest host takes at most to answer a cancel: a call not inside V8 at that moment
+// is answered at once; one inside V8 is terminated, or reported stalled within the grace (plus
+// the host's polling, a quarter of the grace at most); the second grace and the second are
+// slack for a loaded machine. A host past it is holding the call: it is killed.
+Clock::duration cancelAnswerTime(Clock::duration grace) {
+  return 2 * grace + std::chrono::seconds(1);
+}
+
 const char* const kEnvironmentKept[] = {
     "TZ", "LANG", "LC_ALL", "ASAN_OPTIONS", "UBSAN_OPTIONS", "LSAN_OPTIONS", "TSAN_OPTIONS"};
 
@@ -159,10 +167,13 @@ struct PendingCall {
   // sandbox), so the backstop, which counts from here, is never early: a call still queued behind
   // others of its sandbox only earns its host a liveness ping, which a live host answers.
   Clock::time_point sentAt;
+  std::size_t ops = 0;        // operations of this call in Process::ops
   std::size_t pausedOps = 0;  // operations of this call holding its clock paused
   Clock::time_point pausedSince;
   Clock::duration pausedTotal{};
   bool cancelRequested = false;
+  // When a cancelled call must have been answered (see cancelAnswerTime); max until cancelled.
+  Clock::time_point cancelDeadline = Clock::time_point::max();
 
   // When the daemon's backstop considers it late; max while paused.
   Clock::time_point lateAt(Clock::duration grace) const {
@@ -481,10 +492,9 @@ void Process::opCompleted(std::uint64_t op, HostOpResult result) {
     std::lock_guard lock(mutex);
     auto found = ops.find(op);
     if (found == ops.end()) return;  // aborted meanwhile, or the process ended
-    if (found->second.paused) {
-      if (auto call = calls.find(found->second.call); call != calls.end()) {
-        call->second.unpause(Clock::now());
-      }
+    if (auto call = calls.find(found->second.call); call != calls.end()) {
+      if (found->second.paused) call->second.unpause(Clock::now());
+      --call->second.ops;
     }
     ops.erase(found);
     json::object message{{"t", "opComplete"}, {"op", op}};
@@ -607,13 +617,20 @@ void ProcessSandboxPool::Impl::submit(json::object message, registry::ToolRevisi
 }
 
 void ProcessSandboxPool::Impl::cancel(const std::shared_ptr<Process>& process, std::uint64_t id) {
-  std::lock_guard lock(process->mutex);
-  auto found = process->calls.find(id);
-  if (found == process->calls.end() || found->second.cancelRequested) return;
-  found->second.cancelRequested = true;
-  // The host answers with the call's result (cancelled). A host that is gone has already ended
-  // the call; one stuck in a builtin reports it as stalled within the grace.
-  process->channel->send(json::object{{"t", "cancel"}, {"id", id}});
+  bool rearmNeeded;
+  {
+    std::lock_guard lock(process->mutex);
+    auto found = process->calls.find(id);
+    if (found == process->calls.end() || found->second.cancelRequested) return;
+    found->second.cancelRequested = true;
+    found->second.cancelDeadline = Clock::now() + cancelAnswerTime(grace);
+    // The host answers with the call's result (cancelled). A host that is gone has already
+    // ended the call; one stuck in a builtin reports it as stalled within the grace; one that
+    // does neither is killed at the deadline.
+    process->channel->send(json::object{{"t", "cancel"}, {"id", id}});
+    rearmNeeded = found->second.cancelDeadline < process->watchDue;
+  }
+  if (rearmNeeded) rearm(process);
 }
 
 // --- Processes ---
@@ -862,6 +879,12 @@ CallError stalledVerdict(Kill reason, const PendingCall& call) {
           {}};
 }
 
+const CallError kKilledForHeldCall{
+    CallErrc::sandboxCrashed,
+    "another call in the same sandbox process was cancelled and the process did not end it, so "
+    "the process was killed; this call's sandbox is gone (calling again starts a new one)",
+    {}};
+
 const CallError kKilledForAnother{
     CallErrc::sandboxCrashed,
     "another call in the same sandbox process did not stop at its limit, so the process was "
@@ -897,6 +920,7 @@ void ProcessSandboxPool::Impl::handle(const std::shared_ptr<Process>& process,
   const std::string type = ipc::stringField(message, "t");
   if (type == "result") {
     PendingCall call;
+    std::vector<std::function<void()>> aborts;
     {
       std::lock_guard lock(process->mutex);
       if (const auto* changes = message.if_contains("sandboxes")) {
@@ -909,9 +933,22 @@ void ProcessSandboxPool::Impl::handle(const std::shared_ptr<Process>& process,
         if (!own->is_object()) throw ipc::ProtocolError("\"own\" is not an object");
         process->applyOwnRow(*found->second.tool, own->get_object());
       }
+      const std::uint64_t id = found->first;
       call = std::move(found->second);
       process->calls.erase(found);
+      // An honest host aborts a call's operations before its result (or, for a call answered at
+      // its cancel, just after it); none outlives its call here either way.
+      for (auto op = process->ops.begin(); call.ops > 0 && op != process->ops.end();) {
+        if (op->second.call != id) {
+          ++op;
+          continue;
+        }
+        for (auto& abort : op->second.proxy->abort()) aborts.push_back(std::move(abort));
+        --call.ops;
+        op = process->ops.erase(op);
+      }
     }
+    runAborts(std::move(aborts));
     if (const auto* exception = message.if_contains("exception")) {
       const std::string what = exception->is_string() ? std::string(exception->get_string()) : "";
       call.deliver(std::make_exception_ptr(std::runtime_error("the sandbox host failed: " + what)),
@@ -1028,12 +1065,11 @@ void ProcessSandboxPool::Impl::handle(const std::shared_ptr<Process>& process,
       invocation = found->second.invocation;
       if (process->ops.contains(op)) throw ipc::ProtocolError("an operation id used twice");
       // The host keeps to kMaxRunningOps per call; one that does not is refused here.
-      const auto ofCall = std::count_if(process->ops.begin(), process->ops.end(),
-                                        [&](const auto& entry) { return entry.second.call == callId; });
-      if (static_cast<std::size_t>(ofCall) >= kMaxRunningOps) {
+      if (found->second.ops >= kMaxRunningOps) {
         refused = true;
       } else {
         process->ops.emplace(op, Process::Op{proxy, callId, false});
+        ++found->second.ops;
       }
     }
     if (refused) {
@@ -1064,10 +1100,9 @@ void ProcessSandboxPool::Impl::handle(const std::shared_ptr<Process>& process,
       std::lock_guard lock(process->mutex);
       auto found = process->ops.find(ipc::uintField(message, "op"));
       if (found == process->ops.end()) return;
-      if (found->second.paused) {
-        if (auto call = process->calls.find(found->second.call); call != process->calls.end()) {
-          call->second.unpause(Clock::now());
-        }
+      if (auto call = process->calls.find(found->second.call); call != process->calls.end()) {
+        if (found->second.paused) call->second.unpause(Clock::now());
+        --call->second.ops;
       }
       proxy = found->second.proxy;
       process->ops.erase(found);
@@ -1102,6 +1137,7 @@ void ProcessSandboxPool::Impl::rearm(const std::shared_ptr<Process>& process) {
           next = std::min(next, call.lateAt(self->grace));
         if (next != Clock::time_point::max()) next = std::max(next, process->nextPing);
       }
+      for (const auto& [id, call] : process->calls) next = std::min(next, call.cancelDeadline);
       process->watchDue = next;  // in the same hold as the scan: a call added later compares
     }
     process->watch.expires_at(next);
@@ -1114,12 +1150,26 @@ void ProcessSandboxPool::Impl::rearm(const std::shared_ptr<Process>& process) {
 void ProcessSandboxPool::Impl::onWatch(const std::shared_ptr<Process>& process) {
   const auto now = Clock::now();
   std::map<std::uint64_t, CallError> verdicts;
+  bool holding = false;  // a cancelled call not answered in time
+  const std::string answerMs =
+      std::to_string(std::chrono::duration_cast<milliseconds>(cancelAnswerTime(grace)).count());
   bool unresponsive = false;
   bool starting = false;
   {
     std::lock_guard lock(process->mutex);
     if (process->ended) return;
-    if (process->ping && now >= process->pingDeadline) {
+    for (const auto& [id, call] : process->calls) {
+      if (call.cancelDeadline <= now) {
+        verdicts.emplace(id, CallError{CallErrc::cancelled,
+                                       "the call was cancelled and its sandbox process did not end "
+                                       "it within " +
+                                           answerMs + " ms; the process was killed",
+                                       {}});
+      }
+    }
+    if (!verdicts.empty()) {
+      holding = true;
+    } else if (process->ping && now >= process->pingDeadline) {
       unresponsive = true;
       starting = *process->ping == 0;
       for (const auto& [id, call] : process->calls) {
@@ -1141,6 +1191,11 @@ void ProcessSandboxPool::Impl::onWatch(const std::shared_ptr<Process>& process) 
         process->channel->send(json::object{{"t", "ping"}, {"seq", *process->ping}});
       }
     }
+  }
+  if (holding) {
+    end(process, std::move(verdicts), kKilledForHeldCall,
+        "it did not answer a cancelled call within " + answerMs + " ms; killed", false);
+    return;
   }
   if (unresponsive) {
     end(process, std::move(verdicts),

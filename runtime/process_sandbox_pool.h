@@ -23,13 +23,19 @@
 //    is past it, pings the process: no answer within the grace, and the process is killed. The
 //    host's own report is what normally decides: a call starved of a V8 thread by other busy
 //    calls is late without being stuck, and must not cost them their process.
+//  - A cancel must be answered within twice kill_grace_ms plus a second: an honest host answers
+//    a call not inside V8 at once and stops one that is (or reports it stalled) within the grace.
+//    A host past that holds the call, as only one taken over would: it is killed, the call ends
+//    cancelled, the others of that process with sandboxCrashed. A result also ends whatever
+//    host operations of its call the host did not abort.
 //  - Memory: no RLIMIT_AS on the hosts (V8 reserves large virtual ranges up front, so an address
 //    space limit would break ordinary isolates); V8's heap limits bound ordinary growth, and a
 //    builtin that grows without checking is ended by the kill above, within its wall limit plus
 //    the grace.
 //  - list(), terminate() and discard() answer at once: each process sends the changes to its
 //    retained sandboxes with every result and after every terminate or discard, and list() merges
-//    the list those rebuild with the calls in flight (busy; a revision whose first call is still running shows with 0 calls).
+//    the list those rebuild with the calls in flight (busy; a revision whose first call is still
+//    running shows with 0 calls).
 //  - CallOptions::tag is the pool's own business here and is ignored.
 //  - Destroy the pool before the executor it was given and before the CapabilityHost: the
 //    destructor ends every call (cancelled), aborts their operations, kills and reaps every

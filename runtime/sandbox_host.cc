@@ -13,6 +13,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/json/array.hpp>
 
@@ -330,6 +331,7 @@ class HostSide {
         std::chrono::milliseconds(std::max<std::int64_t>(config.hostRequestTimeoutMs, 1)));
     platform_ = std::make_unique<V8Platform>(0, config.jit);
     pool_ = std::make_unique<SandboxPool>(config, *host_);
+    pool_->onLateChange([this] { asio::post(io_, [this] { sendSandboxes(); }); });
     spdlog::debug("serving the daemon with {} V8 worker threads", config.workers);
   }
 

@@ -156,26 +156,68 @@ struct CallJob : std::enable_shared_from_this<CallJob> {
   bool ran = false;
   std::uint64_t heapBytes = 0;
 
-  // Delivers the outcome (on the worker thread that ran the call); set once, before it runs.
-  SandboxPool::Done deliver;
+  const Clock::time_point admittedAt = Clock::now();
 
   mutable std::mutex mutex;
-  bool done = false;          // under mutex
+  // Delivers the outcome (on the worker thread that ran the call, or on the thread that
+  // cancelled it); set before the call is launched, taken once.
+  SandboxPool::Done deliver;  // under mutex
+  bool delivered = false;     // under mutex
   std::string cancelDetail_;  // under mutex
+  // Under mutex: the call's coroutine is suspended (not begun yet, or waiting for its sandbox, a
+  // pre-warmed shell or its host operations), so nothing of V8 runs for it. A cancel then
+  // answers at once, from the cancelling thread, rather than once the call's strand and a worker
+  // are free, which another call's long segment can delay until that call's own limit. The
+  // coroutine still ends the call on its strand afterwards, without running its JavaScript.
+  bool parked = true;
 
   std::string cancelDetail() const {
     std::lock_guard lock(mutex);
     return cancelDetail_;
   }
 
+  // The coroutine suspends (park) and resumes (unpark) on the strand.
+  void park() {
+    std::lock_guard lock(mutex);
+    parked = true;
+  }
+  void unpark() {
+    std::lock_guard lock(mutex);
+    parked = false;
+  }
+
+  // The outcome's deliverer, unless it was taken already. Once.
+  SandboxPool::Done takeDeliver() {
+    std::lock_guard lock(mutex);
+    if (delivered) return nullptr;
+    delivered = true;
+    return std::move(deliver);
+  }
+
   // Any thread. Ends the call promptly: a running segment is terminated through the watchdog, a
-  // wait (for the sandbox or for host operations) is woken on the strand.
+  // wait (for the sandbox or for host operations) is woken on the strand, and a call parked
+  // there is answered now.
   void cancel(std::string detail) {
+    SandboxPool::Done early;
     {
       std::lock_guard lock(mutex);
-      if (done || call->cancelRequested.load()) return;
-      cancelDetail_ = std::move(detail);
+      if (delivered || call->cancelRequested.load()) return;
+      cancelDetail_ = detail;
       call->cancelRequested.store(true);
+      if (parked) {
+        delivered = true;
+        early = std::move(deliver);
+      }
+    }
+    if (early) {
+      // Its operations end before its answer goes, as they do for any call.
+      runAborts(abortOperations(*call), tool->name);
+      CallOutcome outcome;
+      outcome.revision = tool->revision;
+      outcome.result = CallError{CallErrc::cancelled, std::move(detail), {}};
+      outcome.usage.wallMs =
+          std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - admittedAt).count();
+      early(nullptr, std::move(outcome));
     }
     watchdog->kill(call->epoch, Kill::cancelled);
     asio::post(slot->strand, [self = shared_from_this()] {
@@ -220,6 +262,7 @@ struct SandboxPool::Impl {
   std::uint64_t retainedHeap = 0;
   std::set<std::shared_ptr<CallJob>> jobs;
   bool stopping = false;
+  std::function<void()> lateChange;  // set before the first call
   std::atomic<std::uint64_t> nextEpoch{1};
   // Revisions whose row in list() changed since changes(), once a consumer asked for them.
   bool trackingChanges = false;
@@ -381,13 +424,6 @@ struct SandboxPool::Impl {
           auto cancellation = asio::get_associated_cancellation_slot(handler);
           auto executor = asio::get_associated_executor(handler, io.get_executor());
           auto tracked = asio::prefer(executor, asio::execution::outstanding_work.tracked);
-          if (cancellation.is_connected()) {
-            cancellation.assign([job](asio::cancellation_type type) {
-              if ((type & asio::cancellation_type::terminal) != asio::cancellation_type::none) {
-                job->cancel("the caller cancelled the call");
-              }
-            });
-          }
           auto shared = std::make_shared<Handler>(std::move(handler));
           job->deliver = [shared, tracked, cancellation](std::exception_ptr error,
                                                          CallOutcome outcome) mutable {
@@ -397,6 +433,14 @@ struct SandboxPool::Impl {
                          (*shared)(error, std::move(outcome));
                        });
           };
+          // After the deliverer: a cancel may use it at once.
+          if (cancellation.is_connected()) {
+            cancellation.assign([job](asio::cancellation_type type) {
+              if ((type & asio::cancellation_type::terminal) != asio::cancellation_type::none) {
+                job->cancel("the caller cancelled the call");
+              }
+            });
+          }
           launch(job);
         },
         token, std::move(admitted));
@@ -539,7 +583,9 @@ asio::awaitable<bool> SandboxPool::Impl::acquire(std::shared_ptr<CallJob> job) {
   auto waiter = std::make_shared<Waiter>(slot.strand);
   slot.waiters.push_back(waiter);
   job->waiter = waiter;
+  job->park();
   co_await waiter->timer.async_wait(asio::as_tuple(asio::use_awaitable));
+  job->unpark();
   job->waiter.reset();
   co_return waiter->granted;  // granted: the lock is ours even if a cancel came meanwhile
 }
@@ -579,6 +625,7 @@ asio::awaitable<CallOutcome> SandboxPool::Impl::run(std::shared_ptr<CallJob> job
   CallState& call = *job->call;
   CallOutcome outcome;
   outcome.revision = job->tool->revision;
+  job->unpark();  // begun: from here a cancel waits for this coroutine, until it parks again
 
   if (!co_await acquire(job)) {
     outcome.result = killError(Kill::cancelled, *job);
@@ -596,7 +643,14 @@ asio::awaitable<CallOutcome> SandboxPool::Impl::run(std::shared_ptr<CallJob> job
   const auto started = Clock::now();
   call.deadline = started + std::chrono::milliseconds(call.limits.wallMs);
   if (!slot.sandbox) {
-    if (auto shell = co_await takeSpare(slot.settings, slot.strand)) {
+    job->park();
+    auto shell = co_await takeSpare(slot.settings, slot.strand);
+    job->unpark();
+    if (call.cancelRequested.load()) {  // answered while it waited; the shell goes unused
+      outcome.result = killError(Kill::cancelled, *job);
+      co_return outcome;
+    }
+    if (shell) {
       shell->adopt(job->tool);
       slot.sandbox = std::move(shell);
     } else {
@@ -626,6 +680,12 @@ asio::awaitable<CallOutcome> SandboxPool::Impl::run(std::shared_ptr<CallJob> job
     // pause wake it.
     std::optional<Sandbox::Step> failure;  // the first failure; the call still waits for its ops
     while (sandbox.kill() == Kill::none) {
+      // Before anything that may run its JavaScript again (resume, the conversion of a result):
+      // a cancelled call may have been answered already, while it was parked.
+      if (call.cancelRequested.load()) {
+        sandbox.stop(Kill::cancelled);
+        break;
+      }
       // Settled, and converted in that segment: whatever its getters started is aborted at
       // endCall, as for a conversion in a segment of its own.
       if (sandbox.hasResult()) break;
@@ -642,10 +702,6 @@ asio::awaitable<CallOutcome> SandboxPool::Impl::run(std::shared_ptr<CallJob> job
         break;
       }
       if (call.completions.empty()) {
-        if (call.cancelRequested.load()) {
-          sandbox.stop(Kill::cancelled);
-          break;
-        }
         const CallState::WallClock clock = call.wallClock();
         if (!clock.paused && Clock::now() >= clock.deadline) {
           sandbox.stop(Kill::timeout);
@@ -653,7 +709,9 @@ asio::awaitable<CallOutcome> SandboxPool::Impl::run(std::shared_ptr<CallJob> job
         }
         // While an operation holds the clock paused there is no deadline; its resume wakes us.
         waker.expires_at(clock.paused ? Clock::time_point::max() : clock.deadline);
+        job->park();
         co_await waker.async_wait(asio::as_tuple(asio::use_awaitable));
+        job->unpark();
         continue;
       }
       step = sandbox.resume();
@@ -752,13 +810,16 @@ void SandboxPool::Impl::finish(const std::shared_ptr<CallJob>& job, std::excepti
     }
     evictLocked();
   }
-  {
-    std::lock_guard lock(job->mutex);
-    job->done = true;
+  // Nothing to deliver for a call already answered when its cancel came while it was parked.
+  if (auto deliver = job->takeDeliver()) {
+    deliver(error, std::move(outcome));
+  } else if (lateChange) {
+    lateChange();
   }
-  auto deliver = std::move(job->deliver);
-  job->deliver = nullptr;
-  deliver(error, std::move(outcome));
+}
+
+void SandboxPool::onLateChange(std::function<void()> listener) {
+  impl_->lateChange = std::move(listener);
 }
 
 void SandboxPool::Impl::disposeLocked(const std::shared_ptr<Slot>& slot) {

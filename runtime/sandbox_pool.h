@@ -9,6 +9,11 @@
 //  - The outcome is delivered on the awaiting coroutine's executor. A call's wallMs runs from the
 //    moment it has the sandbox (waiting behind other calls of the same revision is not counted;
 //    the caller bounds that wait by cancelling).
+//  - A cancel is answered at once when no V8 runs for the call at that moment (it waits for its
+//    sandbox, a worker, a pre-warmed shell or its host operations), however long other calls
+//    keep the sandbox's strand or the workers busy; the call is then ended on its strand
+//    without running its JavaScript again. A call inside V8 is terminated and answers when its
+//    segment stops (within kill_grace_ms, or stalled() names it).
 //  - The CapabilityHost is called on V8 worker threads, never with an isolate locked.
 //  - Host operations (fetch, popup, storage, secrets): a call whose promise settled still waits
 //    for the operations it started (up to its wall-clock deadline, which moves later while an
@@ -78,9 +83,10 @@ class SandboxPool final : public ToolRunner {
   std::vector<SandboxInfo> list() const override;
 
   // call() for a caller that is not a coroutine (the sandbox host): `done` runs once, on the V8
-  // worker thread that ran the call, or on this thread for a call refused at once; keep it short
-  // and let it not throw. Returns what cancels the call (any thread, any number of times; nothing
-  // once the call is done).
+  // worker thread that ran the call, on this thread for a call refused at once, or on the
+  // cancelling thread for a call cancelled while no V8 ran for it; keep it short and let it not
+  // throw. Returns what cancels the call (any thread, any number of times; nothing once the call
+  // is done).
   using Done = std::function<void(std::exception_ptr error, CallOutcome outcome)>;
   std::function<void()> start(registry::ToolRevisionPtr tool,
                               const boost::json::object& arguments, CallOptions options,
@@ -116,6 +122,9 @@ class SandboxPool final : public ToolRunner {
     std::vector<std::string> removed;
   };
   Changes changes();
+  // Runs (on a V8 worker) when a call that was answered at its cancel, before it ended, has
+  // ended: list() changed with no outcome to carry the change. Set it before the first call.
+  void onLateChange(std::function<void()> listener);
 
  private:
   struct Impl;

@@ -17,7 +17,8 @@
 //                limits: CallLimits, invocation}
 //               `tool` is sent the first time this host sees the revision (the host caches it
 //               until `forget`); the answer is `result` {id}.
-//   cancel      {t, id}             terminal cancellation of call `id` (answered by its result)
+//   cancel      {t, id}             terminal cancellation of call `id` (answered by its result,
+//                                   within 2 * killGraceMs + 1 s or the host is killed)
 //   terminate   {t, revision}       SandboxPool::terminate (answered by `sandboxes`)
 //   discard     {t, revision}       SandboxPool::discard (answered by `sandboxes`)
 //   forget      {t, revision}       drop the cached Tool of `revision`

@@ -18,6 +18,8 @@
 //                       the daemon refused
 //   sandbox-flood       reports of retained sandboxes that do not exist, thousands at a time
 //   quick-flood         300 quick requests for the call without waiting for their answers
+//   silent              nothing: calls and their cancels go unanswered (pings still are)
+//   result-keeps-op     an operation for the call, then the call's result without its abort
 #include <unistd.h>
 #include <boost/json.hpp>
 #include <csignal>
@@ -175,6 +177,14 @@ void answer(const std::string& scenario, Lines& lines, const json::object& call)
         return;
       }
     }
+  } else if (scenario == "result-keeps-op") {
+    send(json::object{{"t", "opStart"},
+                      {"op", 1},
+                      {"call", id},
+                      {"kind", "storage"},
+                      {"request", json::object{{"op", "get"}, {"key", "k"}}},
+                      {"invocation", json::object{}}});
+    send(result(id, revision, "done"));
   } else if (scenario == "forged-invocation") {
     send(json::object{{"t", "createSubtasks"},
                       {"rid", 3},

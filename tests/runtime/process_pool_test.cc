@@ -79,16 +79,6 @@ struct ProcessFixture {
   std::unique_ptr<ProcessSandboxPool> pool;
 };
 
-template <typename Predicate>
-bool waitFor(Predicate predicate, milliseconds timeout = milliseconds(15000)) {
-  const auto deadline = Clock::now() + timeout;
-  while (!predicate()) {
-    if (Clock::now() >= deadline) return false;
-    std::this_thread::sleep_for(milliseconds(5));
-  }
-  return true;
-}
-
 std::int64_t millisSince(Clock::time_point start) {
   return std::chrono::duration_cast<milliseconds>(Clock::now() - start).count();
 }
@@ -517,6 +507,62 @@ TEST_CASE("cancellation crosses the socket", "[process][cancel]") {
   auto next = f.call(tool);  // the cancelled call's sandbox was discarded
   CHECK(*next.result == 1);
   CHECK(f.pid() == pid);  // by the host's own watchdog: the process lives on
+}
+
+TEST_CASE("a cancel of a call waiting for a worker is answered at once, and its host lives on",
+          "[process][cancel]") {
+  ProcessFixture f;  // two V8 workers in the host
+  auto spinLimits = limits({{"wallMs", 30000}, {"cpuMs", 30000}});
+  auto spinA = makeTool("export default () => { for (;;) {} }", spinLimits, {}, "spin-a");
+  auto spinB = makeTool("export default () => { for (;;) {} }", spinLimits, {}, "spin-b");
+  auto quick = makeTool("export default () => 'ran'", {}, {}, "quick");
+  asio::io_context io;
+  auto work = asio::make_work_guard(io);
+  asio::cancellation_signal signal;
+  std::atomic<bool> answered{false};
+  std::atomic<int> spinsEnded{0};
+  std::optional<CallOutcome> out;  // read after the join
+  for (const auto& spin : {spinA, spinB}) {
+    asio::co_spawn(io, f.pool->call(spin, {}, {}),
+                   [&](std::exception_ptr, CallOutcome) { ++spinsEnded; });
+  }
+  asio::steady_timer start(io, milliseconds(300));  // both workers spin by then
+  start.async_wait([&](boost::system::error_code) {
+    asio::co_spawn(
+        io, f.pool->call(quick, {}, {}),
+        asio::bind_cancellation_slot(signal.slot(), [&](std::exception_ptr, CallOutcome outcome) {
+          out = std::move(outcome);
+          answered = true;
+        }));
+  });
+  std::thread caller([&] { io.run(); });
+  std::this_thread::sleep_for(milliseconds(500));
+  REQUIRE_FALSE(answered);
+  const int pid = f.pid();
+  const auto cancelledAt = Clock::now();
+  asio::post(io, [&] { signal.emit(asio::cancellation_type::terminal); });
+  const bool prompt = waitFor([&] { return answered.load(); }, milliseconds(1000));
+  const auto lag = Clock::now() - cancelledAt;
+  // Well past the daemon's deadline for the cancel: the host answered it, so it is not killed.
+  std::this_thread::sleep_for(milliseconds(2 * kGraceMs + 1500));
+  const int spinsEndedThen = spinsEnded.load();
+  CHECK(f.pid() == pid);
+  CHECK(f.pool->terminate(spinA->revision));
+  CHECK(f.pool->terminate(spinB->revision));
+  REQUIRE(waitFor([&] { return answered && spinsEnded == 2; }));
+  work.reset();
+  caller.join();
+  CHECK(prompt);
+  CHECK(lag < milliseconds(1000));
+  CHECK(spinsEndedThen == 0);
+  REQUIRE(out);
+  INFO(describe(*out));
+  CHECK(errc(*out) == CallErrc::cancelled);
+  // The cancelled call never ran: once a worker was free it left no sandbox, and the host said
+  // so to the daemon.
+  CHECK(waitFor([&] { return f.pool->list().empty(); }));
+  CHECK(*f.call(quick).result == "ran");
+  CHECK(f.pid() == pid);
 }
 
 TEST_CASE("quick capabilities reach the daemon's host through the socket", "[process][ctx]") {
@@ -1011,4 +1057,52 @@ TEST_CASE("a host's unanswered quick requests are bounded", "[process][hostile]"
   INFO(describe(outcome));
   REQUIRE_FALSE(outcome.result);
   CHECK(outcome.result.error().code == CallErrc::sandboxCrashed);
+}
+
+TEST_CASE("a host that holds a cancelled call is killed at the cancel's deadline",
+          "[process][hostile][cancel]") {
+  ProcessFixture f(processConfig(), hostileLaunch("silent"));
+  auto tool = counterTool();
+  asio::io_context io;
+  asio::cancellation_signal signal;
+  std::optional<CallOutcome> held, other;
+  asio::co_spawn(
+      io, f.pool->call(tool, {}, {}),
+      asio::bind_cancellation_slot(signal.slot(), [&](std::exception_ptr, CallOutcome outcome) {
+        held = std::move(outcome);
+      }));
+  asio::co_spawn(io, f.pool->call(tool, {}, {}),
+                 [&](std::exception_ptr, CallOutcome outcome) { other = std::move(outcome); });
+  asio::steady_timer timer(io, milliseconds(200));
+  auto cancelledAt = Clock::now();
+  timer.async_wait([&](boost::system::error_code) {
+    REQUIRE(f.pid() != 0);
+    cancelledAt = Clock::now();
+    signal.emit(asio::cancellation_type::terminal);
+  });
+  io.run();
+  REQUIRE(held);
+  REQUIRE(other);
+  INFO(describe(*held) << " / " << describe(*other));
+  REQUIRE(errc(*held) == CallErrc::cancelled);
+  CHECK_THAT(held->result.error().detail, Catch::Contains("did not end it within"));
+  CHECK(errc(*other) == CallErrc::sandboxCrashed);  // its host was killed with it
+  // No sooner than twice the grace plus a second, and not much later.
+  const auto waited = Clock::now() - cancelledAt;
+  CHECK(waited >= milliseconds(2 * kGraceMs + 1000));
+  CHECK(waited < milliseconds(2 * kGraceMs + 4000));
+  CHECK(noZombies());
+}
+
+TEST_CASE("a call's operations end with its result, even when its host did not abort them",
+          "[process][hostile]") {
+  ProcessFixture f(processConfig(), hostileLaunch("result-keeps-op"));
+  HeldOperations held;
+  held.hold(f.host);
+  auto outcome = f.call(counterTool());
+  INFO(describe(outcome));
+  REQUIRE(outcome.result);
+  CHECK(*outcome.result == "done");
+  CHECK(waitFor([&] { return held.aborts == 1; }));
+  CHECK(f.pid() != 0);  // not a reason to kill the host
 }

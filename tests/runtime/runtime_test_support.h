@@ -25,6 +25,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace toolhost::runtime::testing {
@@ -124,6 +125,18 @@ class FakeHost : public CapabilityHost {
 };
 
 // A small pool for tests: short defaults so a runaway tool ends quickly.
+// Polls `predicate` until it holds (true) or `timeout` passes (false).
+template <typename Predicate>
+bool waitFor(Predicate predicate,
+             std::chrono::milliseconds timeout = std::chrono::milliseconds(15000)) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!predicate()) {
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return true;
+}
+
 inline RuntimeConfig testConfig() {
   RuntimeConfig config;
   config.workers = 2;

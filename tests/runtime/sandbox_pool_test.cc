@@ -423,6 +423,152 @@ TEST_CASE("calls to one revision are serialized, different revisions run in para
   }
 }
 
+namespace {
+
+const char* kSpin = "export default (args) => { for (;;) {} }";
+
+// What cancelBehind saw.
+struct CancelledBehind {
+  CallOutcome waiting;
+  std::vector<CallOutcome> busy;
+  std::chrono::steady_clock::duration lag{};  // from the cancel to the waiting call's answer
+  bool busyStillRunning = false;              // when that answer came
+};
+
+// Starts a call of each of `busy` with {spin: true} (tools that spin until stopped), then a call
+// of `waiting`, which waits behind them; cancels that call 200 ms later, and terminates the busy
+// ones once it is answered (or after 5 s without an answer).
+CancelledBehind cancelBehind(PoolFixture& f,
+                             const std::vector<toolhost::registry::ToolRevisionPtr>& busy,
+                             const toolhost::registry::ToolRevisionPtr& waiting,
+                             const json::object& waitingArgs) {
+  boost::asio::io_context io;
+  boost::asio::cancellation_signal signal;
+  std::vector<std::optional<CallOutcome>> busyOut(busy.size());
+  std::optional<CallOutcome> waitingOut;
+  CancelledBehind seen;
+  auto cancelledAt = std::chrono::steady_clock::now();
+  boost::asio::steady_timer backstop(io, milliseconds(5000));
+  auto terminateBusy = [&] {
+    for (const auto& tool : busy) f.pool.terminate(tool->revision);
+  };
+  backstop.async_wait([&](boost::system::error_code error) {
+    if (!error) terminateBusy();
+  });
+  for (std::size_t i = 0; i < busy.size(); ++i) {
+    boost::asio::co_spawn(
+        io, f.pool.call(busy[i], json::object{{"spin", true}}, {}),
+        [&, i](std::exception_ptr, CallOutcome outcome) { busyOut[i] = std::move(outcome); });
+  }
+  boost::asio::steady_timer start(io, milliseconds(100));  // the busy ones are running by then
+  start.async_wait([&](boost::system::error_code) {
+    boost::asio::co_spawn(io, f.pool.call(waiting, waitingArgs, {}),
+                          boost::asio::bind_cancellation_slot(
+                              signal.slot(), [&](std::exception_ptr, CallOutcome outcome) {
+                                seen.lag = std::chrono::steady_clock::now() - cancelledAt;
+                                seen.busyStillRunning =
+                                    std::none_of(busyOut.begin(), busyOut.end(),
+                                                 [](const auto& out) { return out.has_value(); });
+                                waitingOut = std::move(outcome);
+                                backstop.cancel();
+                                terminateBusy();
+                              }));
+  });
+  boost::asio::steady_timer cancel(io, milliseconds(300));
+  cancel.async_wait([&](boost::system::error_code) {
+    cancelledAt = std::chrono::steady_clock::now();
+    signal.emit(boost::asio::cancellation_type::terminal);
+  });
+  io.run();
+  REQUIRE(waitingOut);
+  seen.waiting = std::move(*waitingOut);
+  for (auto& out : busyOut) {
+    REQUIRE(out);
+    seen.busy.push_back(std::move(*out));
+  }
+  return seen;
+}
+
+}  // namespace
+
+TEST_CASE("a cancel is answered at once when no V8 runs for the call", "[pool][cancel]") {
+  PoolFixture f;  // two workers
+  auto spinA = makeTool(kSpin, limits({{"wallMs", 30000}, {"cpuMs", 30000}}), {}, "spin-a");
+  auto spinB = makeTool(kSpin, limits({{"wallMs", 30000}, {"cpuMs", 30000}}), {}, "spin-b");
+  SECTION("a call waiting for a worker") {
+    auto quick = makeTool("export default () => 'ran'", {}, {}, "quick");
+    auto behind = cancelBehind(f, {spinA, spinB}, quick, {});
+    INFO(describe(behind.waiting));
+    CHECK(errc(behind.waiting) == CallErrc::cancelled);
+    CHECK(behind.busyStillRunning);
+    CHECK(behind.lag < milliseconds(1000));
+    // It never ran: once its strand had a worker again it left no sandbox behind, and the next
+    // call of it runs.
+    CHECK(waitFor([&] {
+      const auto list = f.pool.list();
+      return std::none_of(list.begin(), list.end(), [&](const SandboxInfo& info) {
+        return info.revision == quick->revision;
+      });
+    }));
+    auto next = f.call(quick);
+    CHECK(*next.result == "ran");
+  }
+  SECTION("a call awaiting a host operation while every worker is busy") {
+    std::atomic<int> aborts{0};
+    std::mutex mutex;
+    std::vector<std::shared_ptr<HostOperation>> held;
+    f.host.onOperation(
+        [&](const std::string&, const json::value&, std::shared_ptr<HostOperation> operation) {
+          operation->onAbort([&] { ++aborts; });
+          std::lock_guard lock(mutex);
+          held.push_back(std::move(operation));
+        });
+    auto fetching =
+        makeTool("export default async () => (await fetch('https://slow.example/')).status", {}, {},
+                 "fetching");
+    boost::asio::io_context io;
+    auto work = boost::asio::make_work_guard(io);
+    boost::asio::cancellation_signal signal;
+    std::atomic<bool> answered{false};
+    std::atomic<int> spinsEnded{0};
+    std::optional<CallOutcome> out;  // read after the join
+    boost::asio::co_spawn(io, f.pool.call(fetching, {}, {}),
+                          boost::asio::bind_cancellation_slot(
+                              signal.slot(), [&](std::exception_ptr, CallOutcome outcome) {
+                                out = std::move(outcome);
+                                answered = true;
+                              }));
+    std::thread caller([&] { io.run(); });
+    // It awaits its fetch; then both workers are taken by spinning calls.
+    REQUIRE(waitFor([&] {
+      std::lock_guard lock(mutex);
+      return held.size() == 1;
+    }));
+    for (const auto& spin : {spinA, spinB}) {
+      boost::asio::co_spawn(io, f.pool.call(spin, json::object{{"spin", true}}, {}),
+                            [&](std::exception_ptr, CallOutcome) { ++spinsEnded; });
+    }
+    std::this_thread::sleep_for(milliseconds(200));
+    const auto cancelledAt = std::chrono::steady_clock::now();
+    boost::asio::post(io, [&] { signal.emit(boost::asio::cancellation_type::terminal); });
+    const bool prompt = waitFor([&] { return answered.load(); }, milliseconds(1000));
+    const auto lag = std::chrono::steady_clock::now() - cancelledAt;
+    const int spinsEndedThen = spinsEnded.load();
+    f.pool.terminate(spinA->revision);
+    f.pool.terminate(spinB->revision);
+    REQUIRE(waitFor([&] { return answered && spinsEnded == 2; }));
+    work.reset();
+    caller.join();
+    CHECK(prompt);
+    CHECK(lag < milliseconds(1000));
+    CHECK(spinsEndedThen == 0);
+    REQUIRE(out);
+    INFO(describe(*out));
+    CHECK(errc(*out) == CallErrc::cancelled);
+    CHECK(waitFor([&] { return aborts == 1; }));  // its fetch, once its strand ran again
+  }
+}
+
 TEST_CASE("a cancelled call ends promptly with cancelled and its sandbox is discarded",
           "[pool][cancel]") {
   PoolFixture f;
@@ -458,31 +604,15 @@ TEST_CASE("a cancelled call ends promptly with cancelled and its sandbox is disc
     CHECK(*next.result == 1);
     CHECK(next.usage.freshSandbox);
   }
-  SECTION("while it waits for the sandbox behind another call") {
-    boost::asio::io_context io;
-    boost::asio::cancellation_signal signal;
-    std::optional<CallOutcome> first, second;
-    json::object busy{{"spin", true}}, quick;
-    boost::asio::co_spawn(
-        io, f.pool.call(tool, busy, {}),
-        [&](std::exception_ptr, CallOutcome outcome) { first = std::move(outcome); });
-    boost::asio::co_spawn(io, f.pool.call(tool, quick, {}),
-                          boost::asio::bind_cancellation_slot(
-                              signal.slot(), [&](std::exception_ptr, CallOutcome outcome) {
-                                second = std::move(outcome);
-                              }));
-    boost::asio::steady_timer timer(io, milliseconds(150));
-    timer.async_wait([&](boost::system::error_code) {
-      signal.emit(boost::asio::cancellation_type::terminal);
-      CHECK(f.pool.terminate(tool->revision));  // then end the spinning one as an admin
-    });
-    io.run();
-    REQUIRE(second);
-    REQUIRE(first);
-    INFO(describe(*first) << " / " << describe(*second));
-    CHECK(errc(*second) == CallErrc::cancelled);
-    CHECK(errc(*first) == CallErrc::cancelled);
-    CHECK(first->result.error().detail == "the sandbox was terminated by an administrator");
+  SECTION("while it waits for the sandbox behind another call: answered at once") {
+    auto behind = cancelBehind(f, {tool}, tool, {});
+    INFO(describe(behind.waiting));
+    CHECK(errc(behind.waiting) == CallErrc::cancelled);
+    CHECK(behind.waiting.result.error().detail == "the caller cancelled the call");
+    CHECK(behind.busyStillRunning);
+    CHECK(behind.lag < milliseconds(1000));
+    REQUIRE(behind.busy.size() == 1);
+    CHECK(behind.busy[0].result.error().detail == "the sandbox was terminated by an administrator");
   }
   SECTION("a partial (non-terminal) cancellation is ignored") {
     auto slow = makeTool(kBusy);

@@ -53,8 +53,9 @@ class HostOperation {
   // operation completed or the call ended.
   virtual void pauseWallClock() = 0;
   virtual void resumeWallClock() = 0;
-  // Registers `abort`, run once (on the sandbox's worker thread, outside every V8 lock; keep it
-  // short and non-blocking) when the call ends before the operation completed: the host then
+  // Registers `abort`, run once (on the sandbox's worker thread, or on the thread that cancels a
+  // call waiting for its operations; outside every V8 lock; keep it short and non-blocking) when
+  // the call ends before the operation completed: the host then
   // cancels its I/O or prompt and may still call complete(), which is ignored. If the call has
   // already ended, `abort` runs at once, on the calling thread; if the operation already
   // completed, it never runs. Several registrations all run.

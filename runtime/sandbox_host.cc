@@ -268,7 +268,7 @@ class HostSide {
  private:
   void onMessage(json::object message) {
     try {
-      dispatch(message);
+      dispatch(message);  // may take members out of it
     } catch (const std::exception& e) {
       spdlog::error("a message from the daemon broke the protocol ({}); exiting", e.what());
       exitCode_ = 3;
@@ -276,7 +276,7 @@ class HostSide {
     }
   }
 
-  void dispatch(const json::object& message) {
+  void dispatch(json::object& message) {
     const std::string type = ipc::stringField(message, "t");
     if (!pool_) {
       if (type != "hello") throw ipc::ProtocolError("the first message is not hello");
@@ -335,7 +335,7 @@ class HostSide {
     spdlog::debug("serving the daemon with {} V8 worker threads", config.workers);
   }
 
-  void call(const json::object& message) {
+  void call(json::object& message) {
     const std::uint64_t id = ipc::uintField(message, "id");
     const std::string revision = ipc::stringField(message, "revision");
     registry::ToolRevisionPtr tool;
@@ -355,16 +355,17 @@ class HostSide {
     options.invocation = ipc::objectField(message, "invocation");
     options.invocation[kCallKey] = id;
     options.tag = id;
+    ipc::objectField(message, "arguments");  // checked here, taken below
     {
       std::lock_guard lock(callsMutex_);
       // Reserved before the call starts, so that a call that ends at once finds it to erase.
       if (!calls_.emplace(id, nullptr).second) throw ipc::ProtocolError("a call id used twice");
     }
-    auto cancel = pool_->start(std::move(tool), ipc::objectField(message, "arguments"),
-                               std::move(options),
-                               [this, id](std::exception_ptr error, CallOutcome outcome) {
-                                 finished(id, error, std::move(outcome));
-                               });
+    auto cancel =
+        pool_->start(std::move(tool), std::move(message["arguments"].get_object()),
+                     std::move(options), [this, id](std::exception_ptr error, CallOutcome outcome) {
+                       finished(id, error, std::move(outcome));
+                     });
     {
       std::lock_guard lock(callsMutex_);
       if (auto found = calls_.find(id); found != calls_.end()) found->second = std::move(cancel);

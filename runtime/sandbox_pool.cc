@@ -396,7 +396,7 @@ struct SandboxPool::Impl {
   }
 
   std::variant<CallOutcome, std::shared_ptr<CallJob>> admit(registry::ToolRevisionPtr tool,
-                                                            const json::object& arguments,
+                                                            json::object arguments,
                                                             CallOptions options);
   asio::awaitable<bool> acquire(std::shared_ptr<CallJob> job);
   asio::awaitable<CallOutcome> run(std::shared_ptr<CallJob> job);
@@ -493,16 +493,15 @@ asio::awaitable<CallOutcome> SandboxPool::call(registry::ToolRevisionPtr tool,
   if (state.cancelled() != asio::cancellation_type::none) {
     co_return Impl::failed(tool, CallErrc::cancelled, "the caller cancelled the call");
   }
-  auto admitted = impl_->admit(std::move(tool), arguments, std::move(options));
+  auto admitted = impl_->admit(std::move(tool), std::move(arguments), std::move(options));
   if (auto* outcome = std::get_if<CallOutcome>(&admitted)) co_return std::move(*outcome);
   co_return co_await impl_->asyncCall(std::get<std::shared_ptr<CallJob>>(std::move(admitted)),
                                       asio::use_awaitable);
 }
 
-std::function<void()> SandboxPool::start(registry::ToolRevisionPtr tool,
-                                         const json::object& arguments, CallOptions options,
-                                         Done done) {
-  auto admitted = impl_->admit(std::move(tool), arguments, std::move(options));
+std::function<void()> SandboxPool::start(registry::ToolRevisionPtr tool, json::object arguments,
+                                         CallOptions options, Done done) {
+  auto admitted = impl_->admit(std::move(tool), std::move(arguments), std::move(options));
   if (auto* outcome = std::get_if<CallOutcome>(&admitted)) {
     done(nullptr, std::move(*outcome));
     return [] {};
@@ -516,7 +515,7 @@ std::function<void()> SandboxPool::start(registry::ToolRevisionPtr tool,
 }
 
 std::variant<CallOutcome, std::shared_ptr<CallJob>> SandboxPool::Impl::admit(
-    registry::ToolRevisionPtr tool, const json::object& arguments, CallOptions options) {
+    registry::ToolRevisionPtr tool, json::object arguments, CallOptions options) {
   if (!tool) throw std::invalid_argument("SandboxPool::call without a tool revision");
   auto admission = admitCall(*tool, options, config);
   if (!admission) {
@@ -530,7 +529,7 @@ std::variant<CallOutcome, std::shared_ptr<CallJob>> SandboxPool::Impl::admit(
 
   auto job = std::make_shared<CallJob>();
   job->tool = tool;
-  job->arguments = arguments;
+  job->arguments = std::move(arguments);
   job->watchdog = &watchdog;
   job->tag = options.tag;
   job->call = std::make_shared<CallState>();

@@ -88,9 +88,8 @@ class SandboxPool final : public ToolRunner {
   // throw. Returns what cancels the call (any thread, any number of times; nothing once the call
   // is done).
   using Done = std::function<void(std::exception_ptr error, CallOutcome outcome)>;
-  std::function<void()> start(registry::ToolRevisionPtr tool,
-                              const boost::json::object& arguments, CallOptions options,
-                              Done done);
+  std::function<void()> start(registry::ToolRevisionPtr tool, boost::json::object arguments,
+                              CallOptions options, Done done);
   bool terminate(const std::string& revision) override;
   void discard(const std::string& revision) override;
   const RuntimeConfig& config() const override;

@@ -199,6 +199,35 @@ TEST_CASE("$/cancelRequest and a closed connection cancel a running call", "[e2e
   CHECK(resultOf(call(client, "quick")) == "ok");
 }
 
+TEST_CASE("$/cancelRequest answers a call waiting behind another at once", "[e2e][runtime]") {
+  auto daemon = DaemonProcess::start();
+  RawClient client(daemon->socket());
+  deploy(client, jsTool("spin", "export default async () => { for (;;) {} }"));
+
+  client.send(R"({"jsonrpc":"2.0","id":"first","method":"tools.call","params":{"name":"spin"}})"
+              "\n");
+  client.send(R"({"jsonrpc":"2.0","id":"second","method":"tools.call","params":{"name":"spin"}})"
+              "\n");
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  auto started = std::chrono::steady_clock::now();
+  client.send(R"({"jsonrpc":"2.0","method":"$/cancelRequest","params":{"id":"second"}})"
+              "\n");
+  // The second waits for the sandbox the first keeps spinning in: it is answered before the
+  // first, which runs on until it is cancelled too.
+  auto second = client.readJson(std::chrono::seconds(10)).as_object();
+  CHECK(second.at("id") == "second");
+  CHECK(errorCode(second) == -32009);
+  CHECK(std::chrono::steady_clock::now() - started < std::chrono::seconds(1));
+  client.send(R"({"jsonrpc":"2.0","method":"$/cancelRequest","params":{"id":"first"}})"
+              "\n");
+  auto first = client.readJson(std::chrono::seconds(10)).as_object();
+  CHECK(first.at("id") == "first");
+  CHECK(errorCode(first) == -32009);
+  // The tool still runs, in a fresh sandbox, up to its limits.
+  CHECK(errorCode(call(client, "spin", {},
+                       json::object{{"limits", json::object{{"wallMs", 100}}}})) == -32004);
+}
+
 TEST_CASE("capabilities: policy-gated ones refuse, subtasks go through the core", "[e2e][runtime]") {
   auto daemon = DaemonProcess::start();
   RawClient client(daemon->socket());

@@ -24,6 +24,9 @@ constexpr const char* kSourceName = "source.js";
 constexpr std::size_t kMaxErrorText = 4096;
 constexpr std::size_t kMaxStackText = 16 * 1024;
 constexpr int kMaxPumpedTasks = 64;  // platform tasks run per drain
+// How long a kill waits once a module's evaluation began (see loadModule): far longer than V8
+// takes to start the module's code, short next to any limit.
+constexpr auto kModuleStartHold = std::chrono::milliseconds(10);
 // Heap limits granted after a heap kill, so that V8 never aborts the daemon while the
 // termination unwinds (see nearHeapLimit). A single V8 allocation is at most about 1 GiB.
 constexpr std::size_t kFirstKillHeadroom = std::size_t{1152} * kMiB;
@@ -527,6 +530,17 @@ std::optional<CallError> Sandbox::loadModule(JsScope& js) {
     modules = &found->as_object();
   }
 
+  // No termination may land between Module::Evaluate's entry and the start of the module's
+  // code: V8 10.2 then aborts the whole process (a CHECK on the module's status), so a cancel
+  // that came at that moment took down the sandbox host and every call in it. Kills wait until
+  // the module's code has been running for a while; compiling and linking run no JavaScript.
+  struct Release {
+    Watchdog& watchdog;
+    std::uint64_t epoch;
+    ~Release() { watchdog.release(epoch); }
+  } release{watchdog_, js.call.epoch};
+  watchdog_.hold(js.call.epoch, Watchdog::Clock::time_point::max());
+
   v8::TryCatch tryCatch(js.isolate);
   modules_.clear();
   v8::Local<v8::Module> root;
@@ -573,9 +587,10 @@ std::optional<CallError> Sandbox::loadModule(JsScope& js) {
     return compileError(js, tryCatch, "the tool's modules cannot be linked");
   }
   v8::Local<v8::Value> evaluated;
-  if (!root->Evaluate(js.context).ToLocal(&evaluated)) {
-    return compileError(js, tryCatch, "the module threw while it was evaluated");
-  }
+  watchdog_.hold(js.call.epoch, Watchdog::Clock::now() + kModuleStartHold);
+  const bool ran = root->Evaluate(js.context).ToLocal(&evaluated);
+  watchdog_.release(js.call.epoch);
+  if (!ran) return compileError(js, tryCatch, "the module threw while it was evaluated");
   drain(js);
   if (kill() != Kill::none) return CallError{CallErrc::cancelled, "stopped", {}};
   if (evaluated->IsPromise()) {

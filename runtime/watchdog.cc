@@ -62,11 +62,43 @@ void Watchdog::disarm(std::uint64_t epoch) {
 }
 
 void Watchdog::kill(std::uint64_t epoch, Kill reason) {
+  bool wake = false;
+  {
+    std::lock_guard lock(mutex_);
+    auto found = arms_.find(epoch);
+    if (found == arms_.end()) return;
+    Arm& arm = found->second;
+    const auto now = Clock::now();
+    if (now < arm.heldUntil) {
+      if (arm.pending == Kill::none) arm.pending = reason;
+      // The thread carries it out when the hold runs out, unless release() comes first.
+      if (arm.heldUntil < sleepsUntil_) {
+        wake = true;
+        sleepsUntil_ = Clock::time_point::min();
+      }
+    } else {
+      fire(arm, reason);
+      firedLocked(epoch, arm, now);
+      arms_.erase(found);
+    }
+  }
+  if (wake) wake_.notify_all();
+}
+
+void Watchdog::hold(std::uint64_t epoch, Clock::time_point until) {
+  std::lock_guard lock(mutex_);
+  if (auto found = arms_.find(epoch); found != arms_.end()) found->second.heldUntil = until;
+}
+
+void Watchdog::release(std::uint64_t epoch) {
   std::lock_guard lock(mutex_);
   auto found = arms_.find(epoch);
   if (found == arms_.end()) return;
-  fire(found->second, reason);
-  firedLocked(epoch, found->second, Clock::now());
+  Arm& arm = found->second;
+  arm.heldUntil = Clock::time_point::min();
+  if (arm.pending == Kill::none) return;
+  fire(arm, arm.pending);
+  firedLocked(epoch, arm, Clock::now());
   arms_.erase(found);
 }
 
@@ -101,9 +133,11 @@ void Watchdog::run() {
     const auto now = Clock::now();
     auto next = Clock::time_point::max();
     for (auto it = arms_.begin(); it != arms_.end();) {
-      const Arm& arm = it->second;
-      Kill reason = Kill::none;
-      if (now >= arm.wallDeadline) {
+      Arm& arm = it->second;
+      Kill reason = arm.pending;
+      if (reason != Kill::none) {
+        // Waits for its hold to run out (or for release()).
+      } else if (now >= arm.wallDeadline) {
         reason = Kill::timeout;
       } else {
         next = std::min(next, arm.wallDeadline);
@@ -117,7 +151,11 @@ void Watchdog::run() {
                                                                 kMinCpuPoll));
         }
       }
-      if (reason != Kill::none) {
+      if (reason != Kill::none && now < arm.heldUntil) {
+        arm.pending = reason;
+        next = std::min(next, arm.heldUntil);
+        ++it;
+      } else if (reason != Kill::none) {
         fire(arm, reason);
         firedLocked(it->first, arm, now);
         it = arms_.erase(it);

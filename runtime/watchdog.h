@@ -42,6 +42,9 @@ class Watchdog {
     clockid_t cpuClock{};            // CPU clock of the thread running the segment
     std::int64_t cpuDeadlineNs = 0;  // reading of cpuClock at which the CPU limit is reached
     std::int64_t cpuNowNs = -1;      // reading of cpuClock at the arm, if the caller has one
+    // Set by hold() and release(), not by the caller of arm().
+    Clock::time_point heldUntil = Clock::time_point::min();
+    Kill pending = Kill::none;  // a kill that came while held
   };
 
   Watchdog();
@@ -53,8 +56,15 @@ class Watchdog {
   // thread already sleeps until (with the default limits, almost never).
   void arm(std::uint64_t epoch, const Arm& arm);
   void disarm(std::uint64_t epoch);
-  // Stops the segment armed for `epoch` now, if there is one.
+  // Stops the segment armed for `epoch` now, if there is one (once it is not held).
   void kill(std::uint64_t epoch, Kill reason);
+  // Until release(epoch), or `until` at the latest, a kill of the segment armed for `epoch` (by
+  // kill() or by a deadline) waits and is carried out then. For the moment V8 10.2 cannot take
+  // a termination: between Module::Evaluate's entry and the start of the module's own code, a
+  // termination aborts the process ("Check failed: module->status() == kErrored"). Only the
+  // segment's own thread holds and releases it.
+  void hold(std::uint64_t epoch, Clock::time_point until);
+  void release(std::uint64_t epoch);
 
   // Segments still not disarmed `grace` after they were stopped (or, should this thread ever fall
   // behind, after their wall deadline): JavaScript stuck in a builtin that never checks for

@@ -569,6 +569,35 @@ TEST_CASE("a cancel is answered at once when no V8 runs for the call", "[pool][c
   }
 }
 
+TEST_CASE("a module's top-level code is stopped by a cancel and by its limits",
+          "[pool][cancel][modules]") {
+  // Kills wait while a module's evaluation starts (Watchdog::hold), never longer.
+  PoolFixture f;
+  SECTION("cancelled") {
+    auto tool = makeTool("for (;;) {}\nexport default () => 1",
+                         limits({{"wallMs", 30000}, {"cpuMs", 30000}}));
+    const auto start = std::chrono::steady_clock::now();
+    auto outcome = callAndCancel(f.pool, tool, milliseconds(100));
+    INFO(describe(outcome));
+    CHECK(errc(outcome) == CallErrc::cancelled);
+    CHECK(std::chrono::steady_clock::now() - start < milliseconds(1000));
+  }
+  SECTION("past its wall clock") {
+    auto tool = makeTool("for (;;) {}\nexport default () => 1", limits({{"wallMs", 200}}));
+    auto outcome = f.call(tool);
+    INFO(describe(outcome));
+    CHECK(errc(outcome) == CallErrc::timeout);
+    CHECK(outcome.usage.wallMs < 1000);
+  }
+  SECTION("past its CPU time") {
+    auto tool =
+        makeTool("let n = 0; for (;;) { n++; }\nexport default () => n", limits({{"cpuMs", 150}}));
+    auto outcome = f.call(tool);
+    INFO(describe(outcome));
+    CHECK(errc(outcome) == CallErrc::cpuLimit);
+  }
+}
+
 TEST_CASE("a cancelled call ends promptly with cancelled and its sandbox is discarded",
           "[pool][cancel]") {
   PoolFixture f;

@@ -116,6 +116,43 @@ TEST_CASE("the watchdog kills only the segment it was armed for", "[watchdog]") 
     CHECK(overdue[0].reason == Kill::memoryLimit);
     watchdog.disarm(8);
   }
+  SECTION("held, a kill waits for the release") {
+    watchdog.arm(9, arm(10s, farCpu));
+    watchdog.hold(9, Watchdog::Clock::time_point::max());
+    watchdog.kill(9, Kill::cancelled);
+    std::this_thread::sleep_for(50ms);
+    CHECK(killOf(kill) == Kill::none);
+    watchdog.release(9);
+    CHECK(killOf(kill) == Kill::cancelled);
+    watchdog.disarm(9);
+  }
+  SECTION("held, a deadline waits for the release") {
+    watchdog.arm(10, arm(10ms, farCpu));
+    watchdog.hold(10, Watchdog::Clock::time_point::max());
+    std::this_thread::sleep_for(80ms);
+    CHECK(killOf(kill) == Kill::none);
+    watchdog.release(10);
+    CHECK(killOf(kill) == Kill::timeout);
+    watchdog.disarm(10);
+  }
+  SECTION("a hold runs out by itself, then the kill is carried out") {
+    watchdog.arm(11, arm(10s, farCpu));
+    watchdog.hold(11, Watchdog::Clock::now() + 40ms);
+    watchdog.kill(11, Kill::cancelled);
+    CHECK(killOf(kill) == Kill::none);
+    std::this_thread::sleep_for(200ms);
+    CHECK(killOf(kill) == Kill::cancelled);
+    watchdog.release(11);  // nothing left to do
+    watchdog.disarm(11);
+  }
+  SECTION("released with nothing pending, it is armed as before") {
+    watchdog.arm(12, arm(30ms, farCpu));
+    watchdog.hold(12, Watchdog::Clock::time_point::max());
+    watchdog.release(12);
+    std::this_thread::sleep_for(150ms);
+    CHECK(killOf(kill) == Kill::timeout);
+    watchdog.disarm(12);
+  }
   SECTION("the first reason wins") {
     recordKill(kill, Kill::memoryLimit);
     watchdog.arm(6, arm(0ms, farCpu));

@@ -37,7 +37,10 @@
 //    minutes and GBs) or abort the process ("Fatal JavaScript invalid size error", e.g.
 //    'x'.repeat(2 ** 28).split('')). Only a separate process per sandbox (or per pool) closes
 //    that: ProcessSandboxPool runs this pool in supervised sandbox host processes and kills one
-//    whose call does not stop (see stalled()).
+//    whose call does not stop (see stalled()). One abort is avoided here instead, because a
+//    caller could trigger it: a termination between Module::Evaluate's entry and the start of
+//    the module's code fails a V8 CHECK, so kills wait while a module loads and for the first
+//    10 ms of its evaluation (Watchdog::hold).
 #pragma once
 
 #include "registry/registry.h"

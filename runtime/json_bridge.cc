@@ -6,7 +6,9 @@
 #include <boost/json/object.hpp>
 #include <boost/json/string.hpp>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <string_view>
 #include <vector>
 
@@ -17,6 +19,9 @@ namespace {
 
 constexpr double kInt64Limit = 9223372036854775808.0;  // 2^63
 constexpr std::size_t kKillCheckEvery = 256;
+// Room reserved up front for an array's elements or an object's members, at most: the count is
+// known, but an array's length says nothing of the memory it holds.
+constexpr std::uint32_t kReserveAtMost = 1024;
 
 // Bytes `text` takes as a JSON string, quotes included (the escaping of protocol::writeJson).
 std::size_t jsonStringSize(std::string_view text) {
@@ -203,8 +208,9 @@ class Walker {
   }
 
   boost::system::result<std::string, ToJsonError> string(v8::Local<v8::String> text) {
-    // UTF-8 length is a lower bound of the JSON size: refuse before copying a huge string.
-    const auto length = static_cast<std::size_t>(text->Utf8Length(isolate_));
+    // The length in UTF-16 code units is a lower bound of the UTF-8 length, and so of the JSON
+    // size: refuse before copying a huge string (charge() below has the exact size).
+    const auto length = static_cast<std::size_t>(text->Length());
     if (bytes_ + length + 2 > options_.maxBytes) return tooLarge();
     std::string out = toUtf8(isolate_, text);
     if (!charge(jsonStringSize(out))) return tooLarge();
@@ -216,6 +222,7 @@ class Walker {
     const std::uint32_t length = array->Length();
     if (!charge(2)) return tooLarge();
     json::array out;
+    out.reserve(std::min<std::uint32_t>(length, kReserveAtMost));  // a sparse array may be huge
     for (std::uint32_t index = 0; index < length; ++index) {
       if (index > 0 && !charge(1)) return tooLarge();
       v8::HandleScope scope(isolate_);  // a huge array must not pile up handles
@@ -254,6 +261,7 @@ class Walker {
     if (!charge(2)) return tooLarge();
     json::object out;
     const std::uint32_t count = keys->Length();
+    out.reserve(std::min<std::uint32_t>(count, kReserveAtMost));
     for (std::uint32_t i = 0; i < count; ++i) {
       v8::HandleScope scope(isolate_);
       v8::Local<v8::Value> key;
@@ -272,7 +280,7 @@ class Walker {
         if (!charge(jsonStringSize(name) + 1 + (out.empty() ? 0 : 1))) return tooLarge();
         auto converted = convert(member, depth + 1);
         if (!converted) return converted.error();
-        out[name] = std::move(*converted);
+        out.emplace(name, std::move(*converted));  // own keys are distinct
       }
       path_.pop_back();
     }
@@ -359,6 +367,21 @@ v8::MaybeLocal<v8::Value> fromJson(v8::Local<v8::Context> context, const json::o
 }
 
 std::string toUtf8(v8::Isolate* isolate, v8::Local<v8::String> text, std::size_t maxBytes) {
+  // Most strings (and nearly every key) are ASCII, stored one byte per character: copied as they
+  // are, they are already UTF-8, which spares the two scans of the general path below.
+  if (text->IsOneByte()) {
+    const int length = text->Length();
+    if (static_cast<std::size_t>(length) <= maxBytes) {
+      std::string out(static_cast<std::size_t>(length), '\0');
+      text->WriteOneByte(isolate, reinterpret_cast<std::uint8_t*>(out.data()), 0, length,
+                         v8::String::NO_NULL_TERMINATION);
+      if (std::none_of(out.begin(), out.end(),
+                       [](char c) { return static_cast<unsigned char>(c) >= 0x80; })) {
+        return out;
+      }
+      // Latin-1 beyond ASCII takes two bytes in UTF-8: the general path.
+    }
+  }
   const int length = text->Utf8Length(isolate);
   const std::size_t capacity = std::min(static_cast<std::size_t>(length), maxBytes);
   std::string out(capacity, '\0');

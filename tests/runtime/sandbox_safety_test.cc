@@ -269,6 +269,7 @@ TEST_CASE("JSON data round-trips exactly, with JSON's rules for the rest", "[saf
       holes: [1, , undefined, 3],
       nested: {a: [{b: {c: [true, false, null]}}]},
       numericKeys: {1: 'one', 0: 'zero', b: 'b'},
+      keys: {'clé': 1, ['\xff' + 'x'.repeat(3)]: 2, '☃': 3, 'plain': 'ÿ'.repeat(2) + 'a'},
       instance: new (class Point { constructor() { this.x = 1; } get len() { return 1; } })(),
       error: Object.assign(new Error('e'), {code: 'E1'}),
     }))");
@@ -287,6 +288,7 @@ TEST_CASE("JSON data round-trips exactly, with JSON's rules for the rest", "[saf
   CHECK(result.at("holes") == json::parse("[1,null,null,3]"));
   CHECK(result.at("nested") == json::parse(R"({"a":[{"b":{"c":[true,false,null]}}]})"));
   CHECK(result.at("numericKeys") == json::parse(R"({"0":"zero","1":"one","b":"b"})"));
+  CHECK(result.at("keys") == json::parse(R"({"clé":1,"ÿxxx":2,"☃":3,"plain":"ÿÿa"})"));
   CHECK(result.at("instance") == json::parse(R"({"x":1})"));
   CHECK(result.at("error") == json::parse(R"({"code":"E1"})"));
 }

@@ -336,8 +336,8 @@ struct ProcessSandboxPool::Impl : std::enable_shared_from_this<ProcessSandboxPoo
   std::shared_ptr<Process> startLocked(unsigned slot);
   void spawn(const std::shared_ptr<Process>& process, int childFd);
   void reap(const std::shared_ptr<Process>& process);
-  void onMessage(const std::shared_ptr<Process>& process, const json::object& message);
-  void handle(const std::shared_ptr<Process>& process, const json::object& message);
+  void onMessage(const std::shared_ptr<Process>& process, json::object& message);
+  void handle(const std::shared_ptr<Process>& process, json::object& message);
   void cancel(const std::shared_ptr<Process>& process, std::uint64_t id);
   void rearm(const std::shared_ptr<Process>& process);
   void onWatch(const std::shared_ptr<Process>& process);
@@ -831,7 +831,7 @@ void ProcessSandboxPool::Impl::runAborts(std::vector<std::function<void()>> abor
 // --- Messages from a host ---
 
 void ProcessSandboxPool::Impl::onMessage(const std::shared_ptr<Process>& process,
-                                         const json::object& message) {
+                                         json::object& message) {
   try {
     handle(process, message);
   } catch (const std::exception& e) {
@@ -916,7 +916,7 @@ struct QuickRequestDone {
 }  // namespace
 
 void ProcessSandboxPool::Impl::handle(const std::shared_ptr<Process>& process,
-                                      const json::object& message) {
+                                      json::object& message) {
   const std::string type = ipc::stringField(message, "t");
   if (type == "result") {
     PendingCall call;
@@ -955,7 +955,8 @@ void ProcessSandboxPool::Impl::handle(const std::shared_ptr<Process>& process,
                    CallOutcome{});
       return;
     }
-    call.deliver(nullptr, ipc::outcomeFromJson(ipc::objectField(message, "outcome")));
+    ipc::objectField(message, "outcome");  // present, or the protocol is broken
+    call.deliver(nullptr, ipc::outcomeFromJson(std::move(message["outcome"].get_object())));
   } else if (type == "sandboxes") {
     std::lock_guard lock(process->mutex);
     process->applySandboxChanges(message);

@@ -383,6 +383,7 @@ class HostSide {
       reported_.erase(id);
       othersRunning = !calls_.empty();
     }
+    const std::string revision = outcome.revision;
     json::object message{{"t", "result"}, {"id", id}};
     if (error) {
       std::string what = "an unknown exception";
@@ -395,7 +396,7 @@ class HostSide {
       spdlog::error("call {} failed with an exception: {}", id, what);
       message["exception"] = what;
     } else {
-      message["outcome"] = ipc::outcomeToJson(outcome);
+      message["outcome"] = ipc::outcomeToJson(std::move(outcome));
     }
     // With the result, so that the daemon's list is current when the call returns; the call's
     // own row in the short form.
@@ -403,9 +404,8 @@ class HostSide {
     auto changes = pool_->changes();
     if (!error) {
       auto& updated = changes.updated;
-      auto own = std::find_if(updated.begin(), updated.end(), [&](const SandboxInfo& info) {
-        return info.revision == outcome.revision;
-      });
+      auto own = std::find_if(updated.begin(), updated.end(),
+                              [&](const SandboxInfo& info) { return info.revision == revision; });
       if (own != updated.end()) {
         message["own"] = ipc::ownRowToJson(*own);
         updated.erase(own);

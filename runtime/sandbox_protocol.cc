@@ -168,15 +168,15 @@ registry::ToolRevisionPtr toolFromJson(const json::object& json) {
   return tool;
 }
 
-json::object outcomeToJson(const CallOutcome& outcome) {
+json::object outcomeToJson(CallOutcome&& outcome) {
   json::object out{{"revision", outcome.revision},
-                   {"logs", outcome.logs},
+                   {"logs", std::move(outcome.logs)},
                    {"usage", json::object{{"wallMs", outcome.usage.wallMs},
                                           {"cpuMs", outcome.usage.cpuMs},
                                           {"heapPeakBytes", outcome.usage.heapPeakBytes},
                                           {"freshSandbox", outcome.usage.freshSandbox}}}};
   if (outcome.result) {
-    out["value"] = *outcome.result;
+    out["value"] = std::move(*outcome.result);
   } else {
     const CallError& error = outcome.result.error();
     json::object described{{"code", callErrcName(error.code)}, {"detail", error.detail}};
@@ -186,7 +186,7 @@ json::object outcomeToJson(const CallOutcome& outcome) {
   return out;
 }
 
-CallOutcome outcomeFromJson(const json::object& json) {
+CallOutcome outcomeFromJson(json::object&& json) {
   CallOutcome out;
   out.revision = stringField(json, "revision");
   out.logs = stringField(json, "logs");
@@ -205,7 +205,8 @@ CallOutcome outcomeFromJson(const json::object& json) {
     if (described.contains("toolError")) failure.toolError = objectField(described, "toolError");
     out.result = std::move(failure);
   } else {
-    out.result = field(json, "value");
+    field(json, "value");  // present, or the protocol is broken
+    out.result = std::move(json["value"]);
   }
   return out;
 }

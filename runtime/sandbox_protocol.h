@@ -117,8 +117,8 @@ boost::json::object toolToJson(const registry::ToolRevision& tool);
 // the daemon did, before the call).
 registry::ToolRevisionPtr toolFromJson(const boost::json::object& json);
 
-boost::json::object outcomeToJson(const CallOutcome& outcome);
-CallOutcome outcomeFromJson(const boost::json::object& json);
+boost::json::object outcomeToJson(CallOutcome&& outcome);  // moves the value and the logs
+CallOutcome outcomeFromJson(boost::json::object&& json);   // moves the value out
 
 boost::json::object infoToJson(const SandboxInfo& info);
 SandboxInfo infoFromJson(const boost::json::object& json);

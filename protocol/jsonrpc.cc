@@ -34,8 +34,8 @@ bool validIdType(const json::value& id) {
 
 }  // namespace
 
-Entry decodeEntry(const json::value& value) {
-  const auto* object = value.if_object();
+Entry decodeEntry(json::value&& value) {
+  auto* object = value.if_object();
   if (object == nullptr) return invalid(nullptr, "a request must be a JSON object");
 
   // The id is read first so that an otherwise invalid request is answered under its own id.
@@ -58,11 +58,11 @@ Entry decodeEntry(const json::value& value) {
   if (!method->is_string()) return invalid(answerId, "\"method\" must be a string");
 
   json::value params = nullptr;
-  if (const auto* found = object->if_contains("params")) {
+  if (auto* found = object->if_contains("params")) {
     if (!found->is_object() && !found->is_array()) {
       return invalid(answerId, "\"params\" must be an object or an array when present");
     }
-    params = *found;
+    params = std::move(*found);  // a request's params may be large: never copied
   }
   return Request{std::move(id), std::string(method->get_string()), std::move(params)};
 }
@@ -94,10 +94,10 @@ boost::system::result<Incoming, RpcError> decodeMessage(std::string_view line,
     }
     incoming.batch = true;
     incoming.entries.reserve(array->size());
-    for (const auto& item : *array) incoming.entries.push_back(decodeEntry(item));
+    for (auto& item : *array) incoming.entries.push_back(decodeEntry(std::move(item)));
     return incoming;
   }
-  incoming.entries.push_back(decodeEntry(*parsed));
+  incoming.entries.push_back(decodeEntry(std::move(*parsed)));
   return incoming;
 }
 

@@ -65,8 +65,8 @@ struct Incoming {
 // answered with one error whose id is null.
 boost::system::result<Incoming, RpcError> decodeMessage(std::string_view line, const WireLimits& limits);
 
-// Checks one parsed value against the Request object rules.
-Entry decodeEntry(const boost::json::value& value);
+// Checks one parsed value against the Request object rules. Its params move into the request.
+Entry decodeEntry(boost::json::value&& value);
 
 RpcError makeError(int code, std::string kind, std::string detail);
 std::string_view standardMessage(int code);

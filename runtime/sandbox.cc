@@ -603,6 +603,12 @@ std::optional<CallError> Sandbox::loadModule(JsScope& js) {
   if (!root->InstantiateModule(js.context, &Sandbox::resolveModule).FromMaybe(false)) {
     return compileError(js, tryCatch, "the tool's modules cannot be linked");
   }
+  // A kill recorded while the modules compiled or linked (the near-heap-limit callback terminates
+  // at once, past the watchdog's hold) would still be pending when Evaluate begins, where V8 10.2
+  // aborts the process instead of failing the evaluation: stop before it.
+  if (kill() != Kill::none || js.isolate->IsExecutionTerminating()) {
+    return CallError{CallErrc::cancelled, "stopped", {}};
+  }
   v8::Local<v8::Value> evaluated;
   watchdog_.hold(js.call.epoch, Watchdog::Clock::now() + kModuleStartHold);
   const bool ran = root->Evaluate(js.context).ToLocal(&evaluated);

@@ -352,7 +352,8 @@ class HostSide {
     options.mode = ipc::stringField(message, "mode") == "disposable" ? CallOptions::Mode::disposable
                                                                      : CallOptions::Mode::retained;
     options.limits = ipc::limitsFromJson(ipc::objectField(message, "limits"));
-    options.invocation = ipc::objectField(message, "invocation");
+    ipc::objectField(message, "invocation");  // checked here, taken next
+    options.invocation = std::move(message["invocation"].get_object());
     options.invocation[kCallKey] = id;
     options.tag = id;
     ipc::objectField(message, "arguments");  // checked here, taken below

@@ -171,7 +171,7 @@ int run(const daemon::Config& config, const daemon::CommandLine& commandLine) {
     return 1;
   }
   daemon::PopupHosts popups;
-  daemon::SecretsHost secrets(**vault, audit);
+  daemon::SecretsHost secrets(**vault, audit, registry);
   daemon::MediationServices mediation{decisions, approvals, audit, *http, configs, &secrets};
 
   asio::io_context io(static_cast<int>(config.ioThreads));

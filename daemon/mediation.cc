@@ -237,12 +237,41 @@ boost::system::result<SubstitutedSecrets, runtime::HostOpFailure> walkSecrets(
   return out;
 }
 
+char asciiLower(char c) { return c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c; }
+
+// Like redactIn, with ASCII letters compared without case: header names reach the tool
+// lowercased, so a value echoed in one no longer matches exactly. No lowered copy of the value
+// is made (it would outlive the SecretValue's wipe).
+void redactInFolded(std::string& text, std::string_view value) {
+  if (value.empty()) return;
+  std::size_t at = 0;
+  while (at + value.size() <= text.size()) {
+    std::size_t i = 0;
+    while (i < value.size() && asciiLower(text[at + i]) == asciiLower(value[i])) ++i;
+    if (i == value.size()) {
+      text.replace(at, value.size(), kRedacted);
+      at += kRedacted.size();
+    } else {
+      ++at;
+    }
+  }
+}
+
 void redactIn(std::string& text, std::string_view value) {
   if (value.empty()) return;
   for (std::size_t at = text.find(value); at != std::string::npos;
        at = text.find(value, at + kRedacted.size())) {
     text.replace(at, value.size(), kRedacted);
   }
+}
+
+// The values to redact, longer first, so that a value containing another is redacted whole.
+std::vector<std::string_view> longestFirst(const SubstitutedSecrets& secrets) {
+  std::vector<std::string_view> values;
+  for (const auto& value : secrets.values) values.push_back(value.view());
+  std::sort(values.begin(), values.end(),
+            [](std::string_view a, std::string_view b) { return a.size() > b.size(); });
+  return values;
 }
 
 }  // namespace
@@ -272,19 +301,22 @@ boost::system::result<SubstitutedSecrets, runtime::HostOpFailure> substituteSecr
 }
 
 void redactSecrets(const SubstitutedSecrets& secrets, std::string& text) {
-  // Longer values first, so a value that contains another is redacted whole.
-  std::vector<std::string_view> values;
-  for (const auto& value : secrets.values) values.push_back(value.view());
-  std::sort(values.begin(), values.end(),
-            [](std::string_view a, std::string_view b) { return a.size() > b.size(); });
-  for (auto value : values) redactIn(text, value);
+  for (auto value : longestFirst(secrets)) redactIn(text, value);
 }
 
 void redactSecrets(const SubstitutedSecrets& secrets, policy::HttpResponse& response) {
   if (secrets.values.empty()) return;
-  redactSecrets(secrets, response.statusText);
-  for (auto& header : response.headers) redactSecrets(secrets, header.second);
-  redactSecrets(secrets, response.body);
+  const auto values = longestFirst(secrets);
+  for (auto value : values) {
+    redactIn(response.statusText, value);
+    redactIn(response.body, value);
+  }
+  for (auto& [name, text] : response.headers) {
+    for (auto value : values) {
+      redactInFolded(name, value);
+      redactIn(text, value);
+    }
+  }
 }
 
 }  // namespace toolhost::daemon

@@ -137,6 +137,25 @@ void SecretsHost::auditDenial(const registry::ToolRevision& caller, const std::s
   audit_.append(std::move(entry));
 }
 
+boost::system::result<std::optional<policy::ResolvedSecret>, policy::VaultError>
+SecretsHost::resolve(const std::string& toolName, const std::string& revision,
+                     const std::string& name) {
+  // The tool's revisions oldest first; those installed strictly before this one may carry to
+  // it. (A revision the history does not list, a built-in one, gets its own secrets only.)
+  std::vector<std::string> installedBefore;
+  if (auto history = registry_.history(toolName)) {
+    auto own = std::find_if(
+        history->begin(), history->end(),
+        [&](const registry::HistoryEntry& entry) { return entry.revision == revision; });
+    if (own != history->end()) {
+      for (auto it = history->begin(); it != own; ++it) {
+        if (it->installedAt < own->installedAt) installedBefore.push_back(it->revision);
+      }
+    }
+  }
+  return vault_.tryResolve(toolName, revision, name, installedBefore);
+}
+
 runtime::HostOpResult SecretsHost::placeholder(const registry::ToolRevision& caller,
                                                const json::value& request) {
   const json::object* fields = request.if_object();
@@ -153,7 +172,7 @@ runtime::HostOpResult SecretsHost::placeholder(const registry::ToolRevision& cal
                              shown + ": add \"" + shown +
                              "\" to capabilities.secrets and install the new revision"};
   }
-  auto resolved = vault_.tryResolve(caller.name, caller.revision, name);
+  auto resolved = resolve(caller.name, caller.revision, name);
   if (!resolved) return unavailable(resolved.error(), name);
   if (!*resolved) {
     auditDenial(caller, name, "secret-not-found");
@@ -187,7 +206,7 @@ boost::system::result<SecretsHost::Use, HostOpFailure> SecretsHost::use(
     lru_.splice(lru_.begin(), lru_, found->second.lru);
     name = found->second.secretName;
   }
-  auto resolved = vault_.tryResolve(toolName, revision, name);
+  auto resolved = resolve(toolName, revision, name);
   if (!resolved) return unavailable(resolved.error(), name);
   if (!*resolved) {
     return HostOpFailure{
@@ -232,7 +251,7 @@ boost::system::result<SecretsHost::Use, HostOpFailure> SecretsHost::use(
 json::object SecretsHost::describeRequested(const registry::ToolRevision& tool) {
   json::array own, carried, missing;
   for (const auto& name : requestedSecrets(tool.manifest)) {
-    auto resolved = vault_.tryResolve(tool.name, tool.revision, name);
+    auto resolved = resolve(tool.name, tool.revision, name);
     if (!resolved) {
       spdlog::warn("secrets: cannot resolve {} of {}: {}", name, tool.name,
                    resolved.error().message);

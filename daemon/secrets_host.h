@@ -57,9 +57,9 @@ enum class Placement { header, body };
 
 class SecretsHost {
  public:
-  SecretsHost(policy::SecretsVault& vault, policy::AuditLog& audit,
+  SecretsHost(policy::SecretsVault& vault, policy::AuditLog& audit, registry::Registry& registry,
               std::size_t maxPlaceholders = 4096)
-      : vault_(vault), audit_(audit), maxPlaceholders_(maxPlaceholders) {}
+      : vault_(vault), audit_(audit), registry_(registry), maxPlaceholders_(maxPlaceholders) {}
 
   // ctx.secret(name), request {"name"}: the placeholder of (caller, name), once the caller's
   // manifest requests the secret (capabilities.secrets; else not-authorized, saying nothing of
@@ -98,11 +98,16 @@ class SecretsHost {
   };
 
   std::string issue(const registry::ToolRevision& caller, const std::string& name);
+  // The secret as (toolName, revision) sees it: its own, or carried from a revision installed
+  // before it.
+  boost::system::result<std::optional<policy::ResolvedSecret>, policy::VaultError> resolve(
+      const std::string& toolName, const std::string& revision, const std::string& name);
   void auditDenial(const registry::ToolRevision& caller, const std::string& name,
                    std::string_view code);
 
   policy::SecretsVault& vault_;
   policy::AuditLog& audit_;
+  registry::Registry& registry_;
   const std::size_t maxPlaceholders_;
 
   std::mutex mutex_;  // guards the three below

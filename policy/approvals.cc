@@ -9,7 +9,9 @@
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/system/system_error.hpp>
 
+#include <algorithm>
 #include <cstdio>
+#include <iterator>
 #include <random>
 
 namespace toolhost::policy {
@@ -165,9 +167,12 @@ std::vector<ApprovalBroker::Notice> ApprovalBroker::resolveLocked(
   params["reason"] = resolution.reason;
   prompt->resolution = std::move(resolution);
   prompts_.erase(prompt->id);
-  if (auto byKey = promptsByKey_.find(prompt->request.key);
-      byKey != promptsByKey_.end() && byKey->second == prompt) {
-    promptsByKey_.erase(byKey);
+  auto [begin, end] = promptsByKey_.equal_range(prompt->request.key);
+  for (auto byKey = begin; byKey != end; ++byKey) {
+    if (byKey->second == prompt) {
+      promptsByKey_.erase(byKey);
+      break;
+    }
   }
   for (auto& waiter : prompt->waiters) waiter->wake.try_send(boost::system::error_code{});
   for (const auto& [id, approver] : approvers_) {
@@ -175,6 +180,18 @@ std::vector<ApprovalBroker::Notice> ApprovalBroker::resolveLocked(
     notices.push_back(Notice{approver.sink, "policy.resolved", params});
   }
   return notices;
+}
+
+std::shared_ptr<ApprovalBroker::Prompt> ApprovalBroker::findPromptLocked(
+    const AuthorizationRequest& request) const {
+  auto [begin, end] = promptsByKey_.equal_range(request.key);
+  for (auto it = begin; it != end; ++it) {
+    const AuthorizationRequest& shown = it->second->request;
+    if (shown.detail == request.detail && shown.privateRange == request.privateRange) {
+      return it->second;
+    }
+  }
+  return nullptr;
 }
 
 asio::awaitable<Decision> ApprovalBroker::authorize(AuthorizationRequest request,
@@ -209,8 +226,8 @@ asio::awaitable<Decision> ApprovalBroker::authorize(AuthorizationRequest request
       decision.source = DecisionSource::stored;
       decision.reason = decidedWords(found.verdict, found.scope, found.decidedBy) +
                         (found.decidedAt.empty() ? "" : " at " + found.decidedAt);
-    } else if (auto pending = promptsByKey_.find(key); pending != promptsByKey_.end()) {
-      prompt = pending->second;
+    } else if (auto pending = findPromptLocked(request); pending != nullptr) {
+      prompt = std::move(pending);
       prompt->waiters.push_back(waiter);
     } else if (approvers_.empty()) {
       decision.source = DecisionSource::noApprover;
@@ -393,6 +410,7 @@ boost::system::result<DecideOutcome, DecideError> ApprovalBroker::decide(
     ApproverId approver, const std::string& promptId, Verdict verdict, Scope scope) {
   std::vector<Notice> notices;
   std::shared_ptr<Prompt> prompt;
+  std::vector<std::shared_ptr<Prompt>> resolved;  // this prompt first
   DecideOutcome outcome;
   {
     std::lock_guard lock(mutex_);
@@ -421,21 +439,34 @@ boost::system::result<DecideOutcome, DecideError> ApprovalBroker::decide(
     outcome.promptId = prompt->id;
     outcome.verdict = verdict;
     outcome.scope = scope;
-    outcome.requests = prompt->waiters.size();
-    notices = resolveLocked(prompt,
-                            Resolution{Resolution::Kind::decided, verdict, scope,
-                                       decidedWords(verdict, scope, who->second.label)},
-                            approver);
+    resolved.push_back(prompt);
+    if (scope != Scope::once) {
+      // The stored decision covers the other prompts of the same key (other methods or paths).
+      auto [begin, end] = promptsByKey_.equal_range(prompt->request.key);
+      for (auto it = begin; it != end; ++it) {
+        if (it->second != prompt) resolved.push_back(it->second);
+      }
+    }
+    const std::string reason = decidedWords(verdict, scope, who->second.label);
+    for (const auto& each : resolved) {
+      outcome.requests += each->waiters.size();
+      auto told =
+          resolveLocked(each, Resolution{Resolution::Kind::decided, verdict, scope, reason},
+                        each == prompt ? std::optional<ApproverId>(approver) : std::nullopt);
+      std::move(told.begin(), told.end(), std::back_inserter(notices));
+    }
   }
   send(std::move(notices));
-  Decision decided;
-  decided.verdict = verdict;
-  decided.scope = scope;
-  decided.source = DecisionSource::prompt;
-  decided.reason = prompt->resolution->reason;
-  decided.promptDuration = since(prompt->started);
-  spdlog::info("policy: prompt {}: {}", prompt->id, decided.reason);
-  auditDecision(prompt->request, decided, "decision");
+  for (const auto& each : resolved) {
+    Decision decided;
+    decided.verdict = verdict;
+    decided.scope = scope;
+    decided.source = DecisionSource::prompt;
+    decided.reason = each->resolution->reason;
+    decided.promptDuration = since(each->started);
+    spdlog::info("policy: prompt {}: {}", each->id, decided.reason);
+    auditDecision(each->request, decided, "decision");
+  }
   return outcome;
 }
 

@@ -84,7 +84,9 @@ struct DecideOutcome {
   std::string promptId;
   Verdict verdict = Verdict::deny;
   Scope scope = Scope::once;
-  std::size_t requests = 0;  // requests that were waiting on this prompt
+  // Requests the answer released: those waiting on this prompt, and for a session or always
+  // answer also those waiting on other prompts of the same decision key.
+  std::size_t requests = 0;
 };
 
 class ApprovalBroker {
@@ -96,8 +98,10 @@ class ApprovalBroker {
   ApprovalBroker& operator=(const ApprovalBroker&) = delete;
 
   // Decides `request`; see the header comment for the order. Every answer but an allow from a
-  // stored decision is audited here (the caller audits the request itself). Concurrent identical
-  // undecided requests share one prompt (a "once" answer applies to all of them). Never throws
+  // stored decision is audited here (the caller audits the request itself). Concurrent undecided
+  // requests share one prompt only when they are identical as the approver sees them: the same
+  // decision key and the same detail (method and path); a "once" answer applies to the requests
+  // of that prompt only, so a request the prompt does not show is never allowed by it. Never throws
   // for an expected outcome; on terminal cancellation it withdraws its part of the prompt and
   // returns a denial with source cancelled.
   boost::asio::awaitable<Decision> authorize(AuthorizationRequest request,
@@ -114,8 +118,9 @@ class ApprovalBroker {
   std::size_t approverCount() const;
 
   // An approver's answer. session/always answers are stored (and apply to later requests) before
-  // the waiting requests are released; once applies to the waiting requests only. The other
-  // approvers receive policy.resolved.
+  // the waiting requests are released, and resolve every other prompt of the same decision key
+  // too (the stored decision covers them); once applies to this prompt's waiting requests only.
+  // The other approvers receive policy.resolved (the answering one too, for the other prompts).
   boost::system::result<DecideOutcome, DecideError> decide(ApproverId approver,
                                                            const std::string& promptId,
                                                            Verdict verdict, Scope scope);
@@ -141,6 +146,9 @@ class ApprovalBroker {
   // its waiters, and returns the policy.resolved notices to send once the lock is released.
   std::vector<Notice> resolveLocked(const std::shared_ptr<Prompt>& prompt, Resolution resolution,
                                     std::optional<ApproverId> except);
+  // The pending prompt `request` may join (caller holds mutex_): one showing exactly what the
+  // approver would see for it. Null when there is none.
+  std::shared_ptr<Prompt> findPromptLocked(const AuthorizationRequest& request) const;
   void send(std::vector<Notice> notices);
   void auditDecision(const AuthorizationRequest& request, const Decision& decision,
                      std::string_view kind);
@@ -150,7 +158,7 @@ class ApprovalBroker {
   mutable std::mutex mutex_;
   std::map<ApproverId, ApproverEntry> approvers_;
   std::map<std::string, std::shared_ptr<Prompt>, std::less<>> prompts_;  // by prompt id
-  std::map<DecisionKey, std::shared_ptr<Prompt>> promptsByKey_;
+  std::multimap<DecisionKey, std::shared_ptr<Prompt>> promptsByKey_;     // pending, by decision key
   std::uint64_t nextPrompt_ = 1;
   std::string promptPrefix_;  // random per daemon run, so ids of another run never match
 };

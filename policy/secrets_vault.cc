@@ -651,9 +651,9 @@ Result<bool> SecretsVault::erase(const std::string& tool, const std::string& rev
   return *erased;
 }
 
-Result<std::optional<ResolvedSecret>> SecretsVault::tryResolve(const std::string& tool,
-                                                               const std::string& revision,
-                                                               const std::string& name) const {
+Result<std::optional<ResolvedSecret>> SecretsVault::tryResolve(
+    const std::string& tool, const std::string& revision, const std::string& name,
+    const std::vector<std::string>& installedBefore) const {
   if (auto invalid = checkNames(tool, revision, name)) return *invalid;
   auto found = store_.read([&](store::ReadTxn& txn) -> std::optional<ResolvedSecret> {
     const std::string own = rowKey(tool, revision, name);
@@ -664,12 +664,17 @@ Result<std::optional<ResolvedSecret>> SecretsVault::tryResolve(const std::string
       spdlog::warn("secrets: the row of {} for {} of {} is unreadable", name, revision, tool);
       return std::nullopt;
     }
-    // The most recently set row of another revision that carries.
+    // The most recently set row of an earlier revision that carries.
     std::optional<ResolvedSecret> best;
+    if (installedBefore.empty()) return best;
     txn.scan(secrets_, store::KeyRange::prefix(store::compositePrefix({tool})),
              [&](std::string_view key, std::string_view value) {
                auto parts = store::trySplitCompositeKey(key, 3);
                if (!parts || (*parts)[2] != name) return;
+               if (std::find(installedBefore.begin(), installedBefore.end(), (*parts)[1]) ==
+                   installedBefore.end()) {
+                 return;
+               }
                auto row = parseRow(key, value);
                if (!row || !row->record.carry) return;
                if (!best || row->record.createdAt >= best->record.createdAt) {

@@ -91,7 +91,7 @@ struct SecretRecord {
   std::string name;                  // secret name
   std::vector<std::string> origins;  // exact https origins it may be sent to, sorted, unique
   bool allowBody = false;            // may also be substituted in request bodies
-  bool carry = false;                // later revisions of the tool that request it may use it
+  bool carry = false;  // revisions of the tool installed later that request it may use it
   std::string createdAt;             // RFC 3339 UTC, when it was (last) set
 };
 
@@ -144,10 +144,13 @@ class SecretsVault {
                                                 const std::string& name);
 
   // The secret `name` as revision `revision` of `tool` sees it: its own row, else the most
-  // recently set row of another revision of the tool with carry. nullopt when neither exists.
-  // (Whether the revision requests the secret is the caller's to check first.)
+  // recently set carry row of one of `installedBefore`, the revisions of the tool installed
+  // before `revision` (carry reaches later revisions only: a key rotated on a new revision never
+  // reaches the one it replaced). nullopt when neither exists. (Whether the revision requests
+  // the secret is the caller's to check first.)
   boost::system::result<std::optional<ResolvedSecret>, VaultError> tryResolve(
-      const std::string& tool, const std::string& revision, const std::string& name) const;
+      const std::string& tool, const std::string& revision, const std::string& name,
+      const std::vector<std::string>& installedBefore) const;
 
   // The row (tool, revision, name) as stored now, with its value decrypted; nullopt when it is
   // gone. The caller checks the returned grant again (it may have changed since it was listed).

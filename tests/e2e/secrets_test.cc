@@ -43,7 +43,8 @@ export default async (args, ctx) => {
     if (args.header !== false) init.headers['Authorization'] = 'Bearer ' + key;
     if (args.body !== undefined) init.body = args.body.replaceAll('{key}', key);
     const r = await fetch(args.url.replaceAll('{key}', key), init);
-    return { status: r.status, text: await r.text(), headers: [...r.headers], placeholder: key };
+    return { status: r.status, statusText: r.statusText, text: await r.text(), headers: [...r.headers],
+             placeholder: key };
   } catch (e) {
     if (args.mode === 'throw') throw e;
     return { code: e.code ?? null, message: String(e.message), placeholder: key ?? null };
@@ -92,9 +93,10 @@ struct Setup {
     if (!params.contains("origins")) params["origins"] = json::array{granted.origin()};
     return resultOf(admin->call("secrets.set", std::move(params)));
   }
+  // Calls `tool` by name, or by revision when it starts with "sha256:".
   json::object run(std::string_view tool, json::object arguments) {
-    auto response =
-        admin->call("tools.call", json::object{{"name", tool}, {"arguments", arguments}});
+    const char* by = tool.starts_with("sha256:") ? "revision" : "name";
+    auto response = admin->call("tools.call", json::object{{by, tool}, {"arguments", arguments}});
     INFO(daemon->log());
     CHECK(json::serialize(response).find(kValue) == std::string::npos);
     auto result = toolResult(response);
@@ -168,6 +170,15 @@ TEST_CASE("secrets: the value goes only to a granted origin, its echo comes back
   CHECK(text(sent.at("text")).find("toolhost-secret:") == std::string::npos);
   CHECK(s.granted.requestCount("/echo") == 1);
 
+  // Echoed in the reason phrase and in a header's name (which the tool sees lowercased).
+  auto names = s.run("user", json::object{{"url", s.granted.url("/auth-in-names")}});
+  INFO(json::serialize(names));
+  CHECK(names.at("statusText") == "OK [redacted]");
+  CHECK(headerOf(names, "x-[redacted]") == "1");
+  std::string lowered(kValue);
+  for (auto& c : lowered) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  CHECK(json::serialize(names).find(lowered) == std::string::npos);
+
   // The same placeholder toward another origin: refused, nothing sent there.
   auto refused = s.run("user", json::object{{"url", s.other.url("/echo")}});
   CHECK(codeOf(refused) == "secret-not-allowed");
@@ -220,7 +231,7 @@ TEST_CASE("secrets: the value goes only to a granted origin, its echo comes back
       ++withSecret;
     }
   }
-  CHECK(withSecret == 2);
+  CHECK(withSecret == 3);  // /echo, /auth-in-names and the POST with the value in its body
   CHECK_THAT(s.auditText(), Catch::Contains("secret-not-allowed"));
   checkNoValueAnywhere(s);
 }
@@ -326,6 +337,17 @@ TEST_CASE("secrets: carry follows later revisions that request it, the activate 
   CHECK(notCarried.at("secrets").at("carried") == json::array{});
   CHECK(notCarried.at("secrets").at("missing") == json::array{"api_key"});
   CHECK(codeOf(s.run("stays", json::object{{"url", s.granted.url("/echo")}})) ==
+        "secret-not-found");
+
+  // Carry reaches later revisions only: a key set with carry on the revision that replaced
+  // another does not reach the one replaced, even when called by its revision.
+  const std::string replaced = s.deployUser("rotated", "revision one");
+  const std::string replacing = s.deployUser("rotated", "revision two");
+  CHECK(s.setSecret(json::object{{"tool", "rotated"}, {"carry", true}}).at("revision") ==
+        json::value(replacing));
+  CHECK(headerOf(echoOf(s.run(replacing, json::object{{"url", s.granted.url("/echo")}})),
+                 "authorization") == "Bearer [redacted]");
+  CHECK(codeOf(s.run(replaced, json::object{{"url", s.granted.url("/echo")}})) ==
         "secret-not-found");
 
   auto dropped = activate("carried", "revision three", json::array{});

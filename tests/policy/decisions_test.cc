@@ -539,6 +539,67 @@ TEST_CASE("authorize: concurrent identical requests share a prompt, others see i
   CHECK(world.broker.pendingPrompts().empty());
 }
 
+TEST_CASE(
+    "authorize: a request the prompt does not show gets its own and once releases only its own",
+    "[policy][approvals]") {
+  World world;
+  std::vector<Notice> inbox;
+  world.addApprover(1, inbox);
+  auto withDetail = [](std::string detail) {
+    auto request = requestFor(fetchKey(kRevA, "https://api.example", AccessClass::write));
+    request.detail = std::move(detail);
+    return request;
+  };
+  std::map<std::string, Decision> decisions;  // by detail and the order asked
+  int asked = 0;
+  for (const char* detail : {"POST /comments", "DELETE /account", "POST /comments"}) {
+    asio::co_spawn(world.io, world.broker.authorize(withDetail(detail), 5s),
+                   [&decisions, key = std::string(detail) + " #" + std::to_string(++asked)](
+                       std::exception_ptr, Decision decision) { decisions[key] = decision; });
+  }
+  world.io.poll();
+  // Two prompts: the second POST joined the first, the DELETE has its own.
+  REQUIRE(inbox.size() == 2);
+  CHECK(inbox[0].params.at("detail") == "POST /comments");
+  CHECK(inbox[1].params.at("detail") == "DELETE /account");
+  CHECK(world.broker.pendingPrompts().size() == 2);
+  // Allowing the POST once releases the two POSTs, not the DELETE.
+  auto once = world.broker.decide(1, promptIdOf(inbox[0].params), Verdict::allow, Scope::once);
+  REQUIRE(once);
+  CHECK(once->requests == 2);
+  world.io.poll();
+  CHECK(decisions.size() == 2);
+  for (const auto& [key, decision] : decisions) {
+    CHECK(key.starts_with("POST /comments"));
+    CHECK(decision.verdict == Verdict::allow);
+  }
+  REQUIRE(world.broker.pendingPrompts().size() == 1);
+  CHECK(world.broker.pendingPrompts()[0].at("detail") == "DELETE /account");
+
+  // A session answer settles every pending prompt of the key: the DELETE, and a PUT asked now.
+  asio::co_spawn(world.io, world.broker.authorize(withDetail("PUT /profile"), 5s),
+                 [&](std::exception_ptr, Decision decision) { decisions["PUT"] = decision; });
+  world.io.poll();
+  REQUIRE(inbox.size() == 3);
+  auto session = world.broker.decide(1, promptIdOf(inbox[1].params), Verdict::deny, Scope::session);
+  REQUIRE(session);
+  CHECK(session->requests == 2);
+  world.io.run();
+  world.io.restart();
+  REQUIRE(decisions.size() == 4);
+  for (const auto& [key, decision] : decisions) {
+    if (key.starts_with("POST")) continue;
+    CHECK(decision.verdict == Verdict::deny);
+    CHECK(decision.scope == Scope::session);
+  }
+  CHECK(world.broker.pendingPrompts().empty());
+  // The approver is told of the prompt it did not answer.
+  REQUIRE(inbox.size() == 4);
+  CHECK(inbox[3].method == "policy.resolved");
+  CHECK(inbox[3].params.at("promptId") == inbox[2].params.at("promptId"));
+  CHECK(inbox[3].params.at("scope") == "session");
+}
+
 TEST_CASE("authorize: cancellation withdraws the prompt, the last approver leaving denies",
           "[policy][approvals]") {
   World world;

@@ -34,6 +34,7 @@ namespace {
 const std::string kRevA = "sha256:AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA";
 const std::string kRevB = "sha256:BBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBB";
 const std::string kRevC = "sha256:CCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCC";
+const std::string kRevD = "sha256:DDDDDDDDDDDDDDDDDDDDDDDDDDDDDDDDDDDDDDDDDDD";
 const std::string kValue = "sk-live-9f8e7d6c5b4a-THE-VALUE";
 
 using toolhost::testing::TempDir;
@@ -157,33 +158,46 @@ TEST_CASE("vault: a secret round-trips, lists never hold values, origins are sor
   CHECK(w.vault->set(noOrigins, kValue).error().code == VaultErrc::invalidArgument);
 }
 
-TEST_CASE("vault: a revision resolves its own secret, else the newest carried one", "[vault]") {
+TEST_CASE(
+    "vault: a revision resolves its own secret, else the newest carried one of an earlier revision",
+    "[vault]") {
   TempDir dir;
   World w(dir.state());
-  CHECK_FALSE(valueOf(w.vault->tryResolve("weather", kRevB, "api_key")).has_value());
+  // Installed in the order A, C, B, D: A and C carry to B, nothing carries to A.
+  const std::vector<std::string> beforeB{kRevA, kRevC};
+  CHECK_FALSE(valueOf(w.vault->tryResolve("weather", kRevB, "api_key", beforeB)).has_value());
   valueOf(w.vault->set(grant(kRevA, "api_key", false), "from A"));
   // Without carry, another revision does not see it.
-  CHECK_FALSE(valueOf(w.vault->tryResolve("weather", kRevB, "api_key")).has_value());
+  CHECK_FALSE(valueOf(w.vault->tryResolve("weather", kRevB, "api_key", beforeB)).has_value());
   valueOf(w.vault->set(grant(kRevA, "api_key", true), "from A"));
-  auto carried = valueOf(w.vault->tryResolve("weather", kRevB, "api_key"));
+  auto carried = valueOf(w.vault->tryResolve("weather", kRevB, "api_key", beforeB));
   REQUIRE(carried.has_value());
   CHECK(carried->resolution == Resolution::carried);
   CHECK(carried->record.revision == kRevA);
   // The most recently set carried row wins.
   ::usleep(5000);
   valueOf(w.vault->set(grant(kRevC, "api_key", true), "from C"));
-  carried = valueOf(w.vault->tryResolve("weather", kRevB, "api_key"));
+  carried = valueOf(w.vault->tryResolve("weather", kRevB, "api_key", beforeB));
   REQUIRE(carried.has_value());
   CHECK(carried->record.revision == kRevC);
+  // A row carried by a revision installed later reaches no earlier one: set on D, the newest
+  // row, it does not reach B; and nothing reaches A, the first.
+  ::usleep(5000);
+  valueOf(w.vault->set(grant(kRevD, "api_key", true), "from D"));
+  carried = valueOf(w.vault->tryResolve("weather", kRevB, "api_key", beforeB));
+  REQUIRE(carried.has_value());
+  CHECK(carried->record.revision == kRevC);
+  valueOf(w.vault->erase("weather", kRevA, "api_key"));
+  CHECK_FALSE(valueOf(w.vault->tryResolve("weather", kRevA, "api_key", {})).has_value());
   // A row of its own comes first.
   valueOf(w.vault->set(grant(kRevB, "api_key", false), "from B"));
-  auto own = valueOf(w.vault->tryResolve("weather", kRevB, "api_key"));
+  auto own = valueOf(w.vault->tryResolve("weather", kRevB, "api_key", beforeB));
   REQUIRE(own.has_value());
   CHECK(own->resolution == Resolution::own);
   CHECK(reveal(*w.vault, own->record.revision) == "from B");
   // Other names and other tools never resolve.
-  CHECK_FALSE(valueOf(w.vault->tryResolve("weather", kRevB, "other")).has_value());
-  CHECK_FALSE(valueOf(w.vault->tryResolve("weathe", kRevB, "api_key")).has_value());
+  CHECK_FALSE(valueOf(w.vault->tryResolve("weather", kRevB, "other", beforeB)).has_value());
+  CHECK_FALSE(valueOf(w.vault->tryResolve("weathe", kRevB, "api_key", beforeB)).has_value());
 }
 
 TEST_CASE("vault: every write takes a fresh nonce, the LMDB file holds no value", "[vault]") {

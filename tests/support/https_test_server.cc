@@ -241,6 +241,16 @@ asio::awaitable<After> HttpsTestServer::Impl::respond(Stream& stream, Request& r
         stream, head, keepAlive,
         textResponse(http::status::ok, boost::json::serialize(echo), "application/json"));
   }
+  if (path == "/auth-in-names") {
+    // The last word of the Authorization header, echoed where a value is not looked for
+    // usually: in a response header's name and in the reason phrase.
+    const std::string authorization(request[http::field::authorization]);
+    const std::string token = authorization.substr(authorization.rfind(' ') + 1);
+    Response response = textResponse(http::status::ok, "ok");
+    response.reason("OK " + token);
+    if (!token.empty()) response.set("X-" + token, "1");
+    co_return co_await send(stream, head, keepAlive, std::move(response));
+  }
   if (path == "/redirect") {
     Response response = textResponse(http::status::found, "see /ok");
     response.set(http::field::location, "/ok");

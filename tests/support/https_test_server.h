@@ -8,6 +8,8 @@
 //   /ok                 200 text/plain "ok"
 //   /json               200 application/json {"ok":true}
 //   /echo               200 application/json {"method","target","headers":[[name,value]...],"body"}
+//   /auth-in-names      200 "ok", the Authorization header's last word in the reason phrase
+//                       ("OK <word>") and in the name of a header X-<word>: 1
 //   /redirect           302 to /ok (Location: /ok)
 //   /big?bytes=N        200 with N bytes of 'x'; &chunked=1 sends them chunked, no Content-Length
 //   /big-header?bytes=N 200 with N bytes in X-Big-<i> headers

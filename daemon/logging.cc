@@ -56,6 +56,35 @@ class JsonFormatter final : public spdlog::formatter {
   }
 };
 
+// The text log's message (%v with its control characters escaped): a method name, a tool's
+// name or any other text a client chose cannot start a line of its own, or move a terminal's
+// cursor, in the log.
+class EscapedPayload final : public spdlog::custom_flag_formatter {
+ public:
+  void format(const spdlog::details::log_msg& msg, const std::tm&,
+              spdlog::memory_buf_t& dest) override {
+    static constexpr char kHex[] = "0123456789abcdef";
+    for (char c : std::string_view(msg.payload.data(), msg.payload.size())) {
+      auto u = static_cast<unsigned char>(c);
+      if (c == '\n') {
+        dest.append(std::string_view("\\n"));
+      } else if (c == '\r') {
+        dest.append(std::string_view("\\r"));
+      } else if (c == '\t') {
+        dest.append(std::string_view("\\t"));
+      } else if (u < 0x20 || u == 0x7f) {
+        char esc[4] = {'\\', 'x', kHex[u >> 4], kHex[u & 15]};
+        dest.append(esc, esc + 4);
+      } else {
+        dest.push_back(c);
+      }
+    }
+  }
+  std::unique_ptr<custom_flag_formatter> clone() const override {
+    return std::make_unique<EscapedPayload>();
+  }
+};
+
 }  // namespace
 
 void setupLogging(const std::string& level, LogFormat format) {
@@ -66,7 +95,9 @@ void setupLogging(const std::string& level, LogFormat format) {
     logger->set_formatter(std::make_unique<JsonFormatter>());
   } else {
     logger = spdlog::stderr_color_mt("toolhost");
-    logger->set_pattern("%Y-%m-%d %H:%M:%S.%e %^%-5l%$ %v");
+    auto formatter = std::make_unique<spdlog::pattern_formatter>();
+    formatter->add_flag<EscapedPayload>('*').set_pattern("%Y-%m-%d %H:%M:%S.%e %^%-5l%$ %*");
+    logger->set_formatter(std::move(formatter));
   }
   spdlog::set_default_logger(logger);
   setLogLevel(level);

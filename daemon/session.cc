@@ -22,6 +22,9 @@ constexpr std::size_t kReadChunk = 64 * 1024;
 constexpr std::size_t kWriteGatherBytes = 256 * 1024;
 // Notifications beyond this many queued bytes mean the client has stopped reading.
 constexpr std::size_t kMaxQueuedNotificationBytes = 64 * 1024 * 1024;
+// Beyond this many bytes of answers not yet written, nothing more is read from the client (the
+// answers of what is in flight still queue: at most max_in_flight of them).
+constexpr std::size_t kMaxQueuedAnswerBytes = 8 * 1024 * 1024;
 constexpr auto as_tuple_awaitable = asio::as_tuple(use_awaitable);
 
 // A request id as JSON text: its key for $/cancelRequest and its name in the log. Integers, the
@@ -60,7 +63,11 @@ asio::awaitable<void> Session::run() {
                  [id = id_](std::exception_ptr e) { logIfThrew(id, "writer", e); });
   co_await readLoop();
   // Answer what is in flight (unless the client is gone), then close.
-  while (!peerGone_ && (inFlight_ > 0 || !queue_.empty() || writing_)) co_await waitForWake();
+  while (!peerGone_ && (inFlight_ > 0 || !queue_.empty() || writing_)) {
+    watchHangup();
+    co_await waitForWake();
+  }
+  stopWatchingHangup();
   if (peerGone_) cancelAll();
   while (!requests_.empty()) co_await waitForWake();
   boost::system::error_code ignored;
@@ -117,11 +124,15 @@ asio::awaitable<void> Session::readLoop() {
         stopReading_ = true;
         co_return;
       }
-      while (inFlight_ >= limits_.maxInFlight && !stopReading_ && !peerGone_) {
-        co_await waitForWake();  // backpressure: nothing more is read until a slot frees
+      auto decoded = protocol::decodeMessage(line, limits_);
+      const std::size_t slots = slotsFor(decoded);
+      while (!roomFor(slots) && !stopReading_ && !peerGone_) {
+        watchHangup();
+        co_await waitForWake();  // backpressure: nothing more is read until answers are written
       }
+      stopWatchingHangup();
       if (stopReading_ || peerGone_) co_return;
-      handleLine(line);
+      handle(std::move(decoded), slots);
     }
     if (stopReading_ || peerGone_) co_return;
     auto space = framer_.prepare(kReadChunk);
@@ -136,9 +147,14 @@ asio::awaitable<void> Session::readLoop() {
           stopReading_ = true;  // serve what is buffered, then stop
           std::string_view last;
           while (framer_.next(last) == protocol::LineFramer::Status::line) {
-            while (inFlight_ >= limits_.maxInFlight && !peerGone_) co_await waitForWake();
+            auto decoded = protocol::decodeMessage(last, limits_);
+            const std::size_t slots = slotsFor(decoded);
+            while (!roomFor(slots) && !peerGone_) {
+              watchHangup();
+              co_await waitForWake();
+            }
             if (peerGone_) break;
-            handleLine(last);
+            handle(std::move(decoded), slots);
           }
         }
         // EOF with POLLHUP: the client closed, not just its sending half.
@@ -153,20 +169,57 @@ asio::awaitable<void> Session::readLoop() {
   }
 }
 
+void Session::watchHangup() {
+  if (watchingHangup_ || peerGone_ || !socket_.is_open()) return;
+  watchingHangup_ = true;
+  socket_.async_wait(
+      Socket::wait_error,
+      asio::bind_cancellation_slot(hangupWatch_.slot(),
+                                   [self = shared_from_this()](boost::system::error_code ec) {
+                                     self->watchingHangup_ = false;
+                                     if (ec == asio::error::operation_aborted || self->peerGone_)
+                                       return;
+                                     // HUP (both directions closed) or an error: nobody reads the
+                                     // answers.
+                                     if (self->peerHungUp()) {
+                                       self->peerGone();
+                                     } else {
+                                       self->watchHangup();
+                                     }
+                                   }));
+  // epoll reports the hang-up as an edge: one that came before the wait was queued shows here.
+  if (peerHungUp()) peerGone();
+}
+
+void Session::stopWatchingHangup() {
+  // The wait would keep every later read from completing at once (Asio reads speculatively only
+  // while no such wait is queued).
+  if (watchingHangup_) hangupWatch_.emit(asio::cancellation_type::total);
+}
+
 bool Session::peerHungUp() const {
   pollfd descriptor{const_cast<Socket&>(socket_).native_handle(), 0, 0};
   return ::poll(&descriptor, 1, 0) == 1 && (descriptor.revents & (POLLHUP | POLLERR)) != 0;
 }
 
-void Session::handleLine(std::string_view line) {
-  auto decoded = protocol::decodeMessage(line, limits_);
+std::size_t Session::slotsFor(const Decoded& decoded) {
+  // Each entry of a batch is a request in flight, and an answer to hold until it is written.
+  return decoded && decoded->batch ? std::max<std::size_t>(decoded->entries.size(), 1) : 1;
+}
+
+bool Session::roomFor(std::size_t slots) const {
+  // A batch larger than the whole limit is served alone.
+  const bool slotsFree = inFlight_ == 0 || inFlight_ + slots <= limits_.maxInFlight;
+  return slotsFree && queuedBytes_ <= kMaxQueuedAnswerBytes;
+}
+
+void Session::handle(Decoded decoded, std::size_t slots) {
+  inFlight_ += slots;
   if (!decoded) {
     spdlog::warn("conn={} {} ({})", id_, decoded.error().detail, decoded.error().kind);
-    ++inFlight_;
-    enqueue(protocol::encodeLine(protocol::errorResponse(nullptr, decoded.error())), 1);
+    enqueue(protocol::encodeLine(protocol::errorResponse(nullptr, decoded.error())), slots);
     return;
   }
-  ++inFlight_;
   if (!decoded->batch) {
     auto& entry = decoded->entries.front();
     if (auto* invalid = std::get_if<protocol::InvalidEntry>(&entry)) {
@@ -178,8 +231,12 @@ void Session::handleLine(std::string_view line) {
     return;
   }
   auto batch = std::make_shared<BatchState>();
+  batch->slots = slots;
   batch->responses.resize(decoded->entries.size());
-  batch->remaining = decoded->entries.size();
+  // One more than the entries, held until every entry is spawned: an entry may finish inside
+  // spawnRequest (a method that never suspends, $/cancelRequest), and the batch is answered
+  // once, after the last.
+  batch->remaining = decoded->entries.size() + 1;
   for (std::size_t i = 0; i < decoded->entries.size(); ++i) {
     auto& entry = decoded->entries[i];
     if (auto* invalid = std::get_if<protocol::InvalidEntry>(&entry)) {
@@ -189,7 +246,7 @@ void Session::handleLine(std::string_view line) {
       spawnRequest(std::move(std::get<protocol::Request>(entry)), batch, i);
     }
   }
-  if (batch->remaining == 0) finishBatch(*batch);
+  if (--batch->remaining == 0) finishBatch(*batch);
 }
 
 bool Session::cancelById(const json::value& id) {
@@ -297,10 +354,10 @@ void Session::finishBatch(BatchState& batch) {
   }
   // A batch of notifications only is answered with nothing at all.
   if (responses.empty() || peerGone_) {
-    releaseSlots(1);
+    releaseSlots(batch.slots);
     return;
   }
-  enqueue(protocol::encodeLine(responses), 1);
+  enqueue(protocol::encodeLine(responses), batch.slots);
 }
 
 void Session::enqueue(std::string bytes, std::size_t slots) {

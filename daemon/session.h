@@ -56,7 +56,9 @@ class Session : public std::enable_shared_from_this<Session> {
   struct BatchState {
     std::vector<std::optional<boost::json::value>> responses;
     std::size_t remaining = 0;
+    std::size_t slots = 0;  // in-flight slots it holds: one per entry
   };
+  using Decoded = boost::system::result<protocol::Incoming, protocol::RpcError>;
   struct Outgoing {
     std::string bytes;
     std::size_t slots = 0;  // in-flight slots released once written
@@ -71,7 +73,10 @@ class Session : public std::enable_shared_from_this<Session> {
                                             std::uint64_t key);
   boost::asio::awaitable<void> waitForWake();
 
-  void handleLine(std::string_view line);
+  // In-flight slots a decoded line takes, whether they are free, and serving it with them.
+  static std::size_t slotsFor(const Decoded& decoded);
+  bool roomFor(std::size_t slots) const;
+  void handle(Decoded decoded, std::size_t slots);
   void spawnRequest(protocol::Request request, std::shared_ptr<BatchState> batch, std::size_t index);
   void finishBatch(BatchState& batch);
   void enqueue(std::string bytes, std::size_t slots);
@@ -82,6 +87,10 @@ class Session : public std::enable_shared_from_this<Session> {
   bool cancelById(const boost::json::value& id);
   void peerGone();
   bool peerHungUp() const;
+  // While nothing is read from the client (backpressure, or after its EOF) its hang-up would go
+  // unseen until a write failed: these watch for it meanwhile (epoll's HUP, no read).
+  void watchHangup();
+  void stopWatchingHangup();
   void runCloseHooks();
 
   Socket socket_;
@@ -96,6 +105,8 @@ class Session : public std::enable_shared_from_this<Session> {
   bool stopReading_ = false;  // shutdown, over-long line, or EOF
   bool peerGone_ = false;     // the client is gone: cancel, never write again
   bool writing_ = false;
+  bool watchingHangup_ = false;
+  boost::asio::cancellation_signal hangupWatch_;
   boost::asio::steady_timer wake_;       // reader/drain waiting for a slot or the queue
   boost::asio::steady_timer writeWake_;  // writer waiting for output
   std::deque<Outgoing> queue_;

@@ -41,7 +41,9 @@ LineFramer::Status LineFramer::next(std::string_view& line) {
                             : nullptr;
     if (found == nullptr) {
       scanned_ = available;
-      if (available > maxLineBytes_) return Status::tooLong;
+      // A line at the limit may end in "\r\n", its '\r' already here and its '\n' still to come.
+      const bool pendingCr = available > 0 && begin[available - 1] == '\r';
+      if (available > maxLineBytes_ + (pendingCr ? 1 : 0)) return Status::tooLong;
       if (available == 0) {
         end_ = 0;
         start_ = 0;

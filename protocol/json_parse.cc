@@ -13,6 +13,42 @@ namespace json = boost::json;
 
 namespace {
 
+// The length of the UTF-8 sequence at text[at], or 0 when it is not valid UTF-8 (RFC 3629: no
+// overlong forms, no surrogates, nothing above U+10FFFF).
+std::size_t utf8SequenceAt(std::string_view text, std::size_t at) {
+  auto byte = [&](std::size_t i) { return static_cast<unsigned char>(text[at + i]); };
+  const unsigned char lead = byte(0);
+  std::size_t length = 0;
+  unsigned char low = 0x80, high = 0xBF;  // the range of the second byte
+  if (lead >= 0xC2 && lead <= 0xDF) {
+    length = 2;
+  } else if (lead >= 0xE0 && lead <= 0xEF) {
+    length = 3;
+    if (lead == 0xE0) low = 0xA0;
+    if (lead == 0xED) high = 0x9F;
+  } else if (lead >= 0xF0 && lead <= 0xF4) {
+    length = 4;
+    if (lead == 0xF0) low = 0x90;
+    if (lead == 0xF4) high = 0x8F;
+  } else {
+    return 0;
+  }
+  if (at + length > text.size() || byte(1) < low || byte(1) > high) return 0;
+  for (std::size_t i = 2; i < length; ++i) {
+    if (byte(i) < 0x80 || byte(i) > 0xBF) return 0;
+  }
+  return length;
+}
+
+// Why a byte outside ASCII stopped the parser: JSON allows one only inside a string.
+std::string nonAsciiHint(std::string_view text, std::size_t at) {
+  if (utf8SequenceAt(text, at) == 0) return " (invalid UTF-8)";
+  if (at == 0 && text.substr(0, 3) == "\xEF\xBB\xBF")
+    return " (a byte order mark: send JSON without one)";
+  return " (a character outside ASCII where JSON allows only its own syntax: outside strings, "
+         "JSON is ASCII)";
+}
+
 // Marks the handler's own refusals so they can be told apart from Boost.JSON's syntax errors.
 enum class HandlerFailure { none, duplicateKey, numberOutOfRange };
 
@@ -223,7 +259,7 @@ boost::system::result<json::value, JsonParseError> parseWith(std::string_view te
                            : "invalid JSON";
     if (ec == json::error::syntax && used < text.size() &&
         static_cast<unsigned char>(text[used]) >= 0x80) {
-      what += " (invalid UTF-8)";
+      what += nonAsciiHint(text, used);
     } else if (ec != json::error::syntax) {
       what += ": " + ec.message();
     }

@@ -356,20 +356,8 @@ std::string jsonPointer(const PathStep* step) {
   if (steps.empty()) return "the root";
   std::string pointer;
   for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
-    pointer.push_back('/');
-    if ((*it)->isIndex) {
-      pointer += std::to_string((*it)->index);
-      continue;
-    }
-    for (char c : (*it)->key) {
-      if (c == '~') {
-        pointer += "~0";
-      } else if (c == '/') {
-        pointer += "~1";
-      } else {
-        pointer.push_back(c);
-      }
-    }
+    appendPointerToken(pointer,
+                       (*it)->isIndex ? std::to_string((*it)->index) : std::string((*it)->key));
   }
   return pointer;
 }
@@ -480,6 +468,19 @@ void appendCompactTo(std::string& out, const Json& json) {
 std::string writeJson(const json::value& value) { return writeCompact(value); }
 std::string writeJson(const json::object& object) { return writeCompact(object); }
 void appendJson(std::string& out, const json::value& value) { appendCompactTo(out, value); }
+
+void appendPointerToken(std::string& out, std::string_view token) {
+  out.push_back('/');
+  for (char c : token) {
+    if (c == '~') {
+      out += "~0";
+    } else if (c == '/') {
+      out += "~1";
+    } else {
+      out.push_back(c);
+    }
+  }
+}
 void appendJson(std::string& out, const json::object& object) { appendCompactTo(out, object); }
 
 std::string formatNumber(double number) {

@@ -34,6 +34,9 @@ std::string writeJson(const boost::json::object& object);
 void appendJson(std::string& out, const boost::json::value& value);
 void appendJson(std::string& out, const boost::json::object& object);
 
+// Appends "/" and `token` escaped as a JSON pointer (RFC 6901) token: '~' as "~0", '/' as "~1".
+void appendPointerToken(std::string& out, std::string_view token);
+
 // ECMAScript Number.prototype.toString for a finite double ("1e+21", "0.000001", "-0" -> "0");
 // NaN and the infinities give "NaN", "Infinity", "-Infinity" as in JavaScript.
 std::string formatNumber(double number);

@@ -133,15 +133,71 @@ json::object notification(std::string_view method, json::value params) {
 }
 
 namespace {
-template <typename Json>
-std::string line(const Json& message) {
-  std::string out = writeJson(message);
+
+// An integer id JavaScript cannot hold exactly (beyond 2^53), which writeJson would print the way
+// JavaScript does, rounded.
+bool hasInexactId(const json::object& message) {
+  constexpr std::int64_t kExact = std::int64_t{1} << 53;
+  const auto* id = message.if_contains("id");
+  if (id == nullptr) return false;
+  if (id->is_int64()) return id->get_int64() >= kExact || id->get_int64() <= -kExact;
+  return id->is_uint64() && id->get_uint64() >= static_cast<std::uint64_t>(kExact);
+}
+
+// A message as writeJson writes it, but its id exactly as the request had it: an answer's id
+// must equal the request's.
+void appendMessage(std::string& out, const json::object& message) {
+  if (!hasInexactId(message)) {
+    appendJson(out, message);
+    return;
+  }
+  out.push_back('{');
+  bool first = true;
+  for (const auto& member : message) {
+    if (!first) out.push_back(',');
+    first = false;
+    appendJson(out, json::value(json::string(member.key())));
+    out.push_back(':');
+    const json::value& value = member.value();
+    if (member.key() == "id") {
+      out +=
+          value.is_int64() ? std::to_string(value.get_int64()) : std::to_string(value.get_uint64());
+    } else {
+      appendJson(out, value);
+    }
+  }
+  out.push_back('}');
+}
+
+}  // namespace
+
+std::string encodeLine(const json::value& message) {
+  std::string out;
+  if (const auto* object = message.if_object()) {
+    appendMessage(out, *object);
+  } else if (const auto* batch = message.if_array()) {
+    out.push_back('[');
+    for (std::size_t i = 0; i < batch->size(); ++i) {
+      if (i != 0) out.push_back(',');
+      if (const auto* entry = (*batch)[i].if_object()) {
+        appendMessage(out, *entry);
+      } else {
+        appendJson(out, (*batch)[i]);
+      }
+    }
+    out.push_back(']');
+  } else {
+    appendJson(out, message);
+  }
   out.push_back('\n');
   return out;
 }
-}  // namespace
 
-std::string encodeLine(const json::value& message) { return line(message); }
-std::string encodeLine(const json::object& message) { return line(message); }
+std::string encodeLine(const json::object& message) {
+  std::string out;
+  appendMessage(out, message);
+  out.push_back('\n');
+  return out;
+}
 
 }  // namespace toolhost::protocol

@@ -46,18 +46,9 @@ std::size_t integerSize(std::int64_t number) {
   return size;
 }
 
-// RFC 6901: '~' -> "~0", '/' -> "~1".
-void appendPointerToken(std::string& out, std::string_view token) {
-  out += '/';
-  for (char c : token.substr(0, 64)) {
-    if (c == '~') {
-      out += "~0";
-    } else if (c == '/') {
-      out += "~1";
-    } else {
-      out += c;
-    }
-  }
+// A token of the pointer shown in errors, cut at 64 bytes.
+void appendShortPointerToken(std::string& out, std::string_view token) {
+  protocol::appendPointerToken(out, token.substr(0, 64));
   if (token.size() > 64) out += "...";
 }
 
@@ -82,9 +73,9 @@ class Walker {
     std::string out;
     for (const auto& segment : path_) {
       if (segment.key != nullptr) {
-        appendPointerToken(out, *segment.key);
+        appendShortPointerToken(out, *segment.key);
       } else {
-        appendPointerToken(out, std::to_string(segment.index));
+        appendShortPointerToken(out, std::to_string(segment.index));
       }
     }
     return out;

@@ -254,6 +254,18 @@ TEST_CASE("JSON log lines carry connection and request ids", "[e2e][daemon]") {
   CHECK(found);
 }
 
+TEST_CASE("text a client chose cannot forge a line of the text log", "[e2e][daemon]") {
+  auto daemon = DaemonProcess::start();  // the text format
+  RawClient client(daemon->socket());
+  client.call("no.such\n2026-01-01 00:00:00.000 critical forged\r\x1b[2J", nullptr, "req-1");
+  daemon->stop();
+  const std::string log = daemon->log();
+  CHECK(log.find("\ncritical") == std::string::npos);
+  CHECK(log.find("\n2026-01-01 00:00:00.000 critical forged") == std::string::npos);
+  CHECK(log.find('\x1b') == std::string::npos);
+  CHECK_THAT(log, Catch::Contains("no.such\\n2026-01-01 00:00:00.000 critical forged\\r\\x1b[2J"));
+}
+
 TEST_CASE("a bad config file is a clear start-up error", "[e2e][daemon]") {
   DaemonOptions options;
   options.configToml = "[limits]\nmax_depth = \"deep\"\n";

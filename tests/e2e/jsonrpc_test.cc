@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "protocol/json_parse.h"
+#include "protocol/json_text.h"
 
 using namespace toolhost::testing;
 namespace json = boost::json;
@@ -182,6 +183,24 @@ TEST_CASE("batches as the specification shows them", "[e2e][jsonrpc]") {
     CHECK(codeOf(byId.at("5")) == -32601);
     CHECK(byId.at("9").at("result").at("name") == "toolhost");
   }
+  SECTION("a batch whose entries all finish at once is answered once") {
+    for (const char* batch :
+         {R"([{"jsonrpc":"2.0","method":"ping","id":1}])",
+          R"([{"jsonrpc":"2.0","method":"ping","id":1},{"jsonrpc":"2.0","method":"nope","id":2}])",
+          R"([{"jsonrpc":"2.0","method":"$/cancelRequest","params":{"id":7},"id":3}])"}) {
+      INFO(batch);
+      client.send(std::string(batch) + "\n");
+      auto answer = client.readJson();
+      REQUIRE(answer.is_array());
+      for (const auto& entry : answer.as_array()) CHECK(entry.as_object().contains("id"));
+      // The next line answers the next request, not the batch again.
+      client.send(R"({"jsonrpc":"2.0","method":"ping","id":"next"})"
+                  "\n");
+      auto next = client.readJson();
+      REQUIRE(next.is_object());
+      CHECK(next.at("id") == "next");
+    }
+  }
   SECTION("a batch of notifications gets nothing back") {
     client.send(R"([{"jsonrpc":"2.0","method":"ping"},{"jsonrpc":"2.0","method":"ping","params":{}}])" "\n");
     CHECK_FALSE(client.readLine(std::chrono::milliseconds(300)).has_value());
@@ -303,6 +322,18 @@ TEST_CASE("invalid UTF-8 and truncated JSON are parse errors", "[e2e][jsonrpc]")
   CHECK(client.call("ping").contains("result"));
 }
 
+// Waits until daemon.health counts `expected` connections (this one included); false after 5 s.
+bool connectionsDropTo(RawClient& probe, std::int64_t expected) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  for (;;) {
+    if (probe.call("daemon.health").at("result").at("connections").as_int64() == expected) {
+      return true;
+    }
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
 TEST_CASE("a client that disconnects mid-request harms nothing", "[e2e][jsonrpc]") {
   auto daemon = DaemonProcess::start();
   {
@@ -314,14 +345,7 @@ TEST_CASE("a client that disconnects mid-request harms nothing", "[e2e][jsonrpc]
   RawClient other(daemon->socket());
   CHECK(other.call("ping").contains("result"));
   // The abandoned request was cancelled, not left running for 30 s.
-  auto health = other.call("daemon.health");
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-  while (health.at("result").at("connections").as_int64() > 1 &&
-         std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    health = other.call("daemon.health");
-  }
-  CHECK(health.at("result").at("connections") == 1);
+  CHECK(connectionsDropTo(other, 1));
   CHECK_THAT(daemon->log(), Catch::Contains("cancel"));
 }
 
@@ -338,6 +362,31 @@ TEST_CASE("a client that half-closes still gets its answers", "[e2e][jsonrpc]") 
   CHECK(client.closedByPeer());
 }
 
+TEST_CASE("a client that hangs up while the daemon reads nothing from it is noticed",
+          "[e2e][jsonrpc]") {
+  DaemonOptions options;
+  options.configToml = "[limits]\nmax_in_flight = 2\n";
+  auto daemon = DaemonProcess::start(options);
+  RawClient probe(daemon->socket());
+  const std::string slow = R"({"jsonrpc":"2.0","method":"ping","params":{"delayMs":30000},"id":1})"
+                           "\n";
+  SECTION("held back by max_in_flight") {
+    RawClient client(daemon->socket());
+    client.send(slow + slow + slow + slow);
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    client.close();
+  }
+  SECTION("after its end of input") {
+    RawClient client(daemon->socket());
+    client.send(slow);
+    client.shutdownWrite();
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    client.close();
+  }
+  // Its requests were cancelled and the connection closed, not held for 30 s.
+  CHECK(connectionsDropTo(probe, 1));
+}
+
 TEST_CASE("requests in flight are bounded per connection", "[e2e][limits]") {
   DaemonOptions options;
   options.configToml = "[limits]\nmax_in_flight = 2\n";
@@ -352,5 +401,18 @@ TEST_CASE("requests in flight are bounded per connection", "[e2e][limits]") {
   client.send(burst);
   for (int i = 0; i < 6; ++i) CHECK(client.readJson().as_object().contains("result"));
   // Two at a time: at least three rounds of 150 ms (a lower bound, so never flaky).
+  CHECK(std::chrono::steady_clock::now() - started >= std::chrono::milliseconds(450));
+
+  // Each entry of a batch counts: batches of two, or one ping then a batch of two, go one
+  // after the other too; a batch larger than the limit is served alone.
+  started = std::chrono::steady_clock::now();
+  const std::string slow = R"({"jsonrpc":"2.0","method":"ping","params":{"delayMs":150},"id":1})";
+  client.send("[" + slow + "," + slow + "]\n" + slow + "\n[" + slow + "," + slow + "]\n[" + slow +
+              "," + slow + "," + slow + "]\n");
+  for (int i = 0; i < 4; ++i) {
+    auto answer = toolhost::protocol::writeJson(client.readJson());
+    CHECK(answer.find("\"result\"") != std::string::npos);
+    CHECK(answer.find("\"error\"") == std::string::npos);
+  }
   CHECK(std::chrono::steady_clock::now() - started >= std::chrono::milliseconds(450));
 }

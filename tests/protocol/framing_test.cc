@@ -76,6 +76,20 @@ TEST_CASE("a line over the limit is reported, complete or not", "[framing]") {
     std::string_view line;
     CHECK(framer.next(line) == LineFramer::Status::needMore);
   }
+  SECTION("a line at the limit ended by CRLF, its LF coming in a later read") {
+    LineFramer framer(10);
+    framer.append("1234567890\r");
+    std::string_view line;
+    CHECK(framer.next(line) == LineFramer::Status::needMore);
+    framer.append("\n");
+    CHECK(drain(framer) == std::vector<std::string>{"1234567890"});
+  }
+  SECTION("but not a byte more") {
+    LineFramer framer(10);
+    framer.append("12345678901\r");
+    std::string_view line;
+    CHECK(framer.next(line) == LineFramer::Status::tooLong);
+  }
 }
 
 TEST_CASE("the buffer never grows beyond one line and one read", "[framing]") {

@@ -207,8 +207,13 @@ TEST_CASE("invalid UTF-8 is refused", "[json_parse]") {
     CHECK(refused(std::string("{\"") + bytes + "\":1}").kind == Kind::syntax);
     CHECK(refused(std::string("[\"ok\", \"a") + bytes + "b\"]").kind == Kind::syntax);
   }
-  // Outside strings, any non-ASCII byte is a syntax error anyway.
+  // Outside strings, any non-ASCII byte is a syntax error anyway; the message says which kind.
   CHECK(refused("\xEF\xBB\xBF{}").kind == Kind::syntax);  // byte order mark
+  CHECK_THAT(refused("\xEF\xBB\xBF{}").detail, Catch::Contains("byte order mark"));
+  CHECK_THAT(refused("{\"a\":\xC3\xA9}").detail, Catch::Contains("outside ASCII"));
+  CHECK_THAT(refused("{\"a\":\xC2\xA0 1}").detail, Catch::Contains("outside ASCII"));
+  CHECK_THAT(refused("{\"a\":\xC3}").detail, Catch::Contains("invalid UTF-8"));
+  CHECK_THAT(refused("{\"a\":\xED\xA0\x80}").detail, Catch::Contains("invalid UTF-8"));
 
   // The boundaries of every valid form.
   const char* const valid[] = {"\xC2\x80",         "\xDF\xBF",         "\xE0\xA0\x80",

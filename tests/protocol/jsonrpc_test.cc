@@ -104,3 +104,23 @@ TEST_CASE("responses are encoded as the specification shapes them", "[jsonrpc]")
   CHECK(encodeLine(notification("policy.prompt", json::object{{"a", 1}})) ==
         "{\"jsonrpc\":\"2.0\",\"method\":\"policy.prompt\",\"params\":{\"a\":1}}\n");
 }
+
+TEST_CASE("an answer carries its request's integer id exactly however large", "[jsonrpc]") {
+  for (const char* id : {"9007199254740993", "-9007199254740995", "1234567890123456789",
+                         "18446744073709551615", "9007199254740991"}) {
+    INFO(id);
+    auto incoming = decodeMessage(R"({"jsonrpc":"2.0","method":"m","id":)" + std::string(id) + "}",
+                                  WireLimits{});
+    REQUIRE(incoming.has_value());
+    const auto& request = std::get<Request>(incoming->entries.front());
+    REQUIRE(request.id);
+    const std::string expected = "{\"jsonrpc\":\"2.0\",\"id\":" + std::string(id) +
+                                 ",\"result\":{\"big\":9007199254740992}}\n";
+    // The result's numbers are still written as JavaScript reads them; only the id is exact.
+    CHECK(encodeLine(resultResponse(*request.id, json::object{{"big", 9007199254740993LL}})) ==
+          expected);
+    CHECK(encodeLine(json::value(json::array{
+              resultResponse(*request.id, json::object{{"big", 9007199254740993LL}})})) ==
+          "[" + expected.substr(0, expected.size() - 1) + "]\n");
+  }
+}

@@ -360,6 +360,43 @@ TEST_CASE("manifest refusals name the field and the reason", "[registry]") {
   m["parameters"] = json::parse(R"({"type":"object","properties":{"a":{"$ref":"https://evil.example/schema"}}})");
   refused(m, "$ref");
 
+  // References that never end, or fan out, are refused before valijson follows them.
+  for (const char* recursive :
+       {R"({"type":"object","$ref":"#"})", R"({"type":"object","allOf":[{"$ref":"#"}]})",
+        R"({"type":"object","not":{"not":{"$ref":"#"}}})",
+        R"({"type":"object","properties":{"a":{"$ref":"#/definitions/a"}},
+            "definitions":{"a":{"$ref":"#/definitions/b"},"b":{"$ref":"#/definitions/a"}}})",
+        R"({"type":"object","properties":{"children":{"type":"array","items":{"$ref":"#"}}}})"}) {
+    m = manifest();
+    m["parameters"] = json::parse(recursive);
+    refused(m, "leads back to itself");
+  }
+  json::object definitions;
+  for (int level = 0; level < 20; ++level) {
+    const std::string next = "#/definitions/d" + std::to_string(level + 1);
+    definitions["d" + std::to_string(level)] = json::object{
+        {"anyOf", json::array{json::object{{"$ref", next}}, json::object{{"$ref", next}}}}};
+  }
+  definitions["d20"] = json::object{{"type", "string"}};
+  m = manifest();
+  m["parameters"] =
+      json::object{{"type", "object"},
+                   {"properties", json::object{{"a", json::object{{"$ref", "#/definitions/d0"}}}}},
+                   {"definitions", definitions}};
+  refused(m, "written out");
+  m = manifest();
+  m["parameters"] =
+      json::parse(R"({"type":"object","properties":{"a":{"$ref":"#/definitions/nope"}}})");
+  refused(m, "leads nowhere");
+  m = manifest();
+  m["parameters"] =
+      json::parse(R"({"type":"object","properties":{"a":{"$ref":"#/required"}},"required":["a"]})");
+  refused(m, "does not lead to a schema");
+  m = manifest();
+  m["parameters"] =
+      json::parse(R"({"type":"object","properties":{"a":{"id":"other","$ref":"#"}}})");
+  refused(m, "\"id\" is not supported");
+
   for (const char* origin : {"http://api.example", "https://API.example", "https://api.example/",
                              "https://api.example/path", "https://user@api.example", "https://api.example:443",
                              "https://api.example?q", "https://api.example:0"}) {
@@ -487,4 +524,27 @@ TEST_CASE("a binding read while activations race never leaves an old binding beh
   for (auto& reader : readers) reader.join();
   CHECK(unexpected.load() == 0);
   CHECK(registry.tryBinding("weather-lookup")->revision == v1->revision);
+}
+
+TEST_CASE("parameters may share definitions through local references", "[registry]") {
+  TempStore temp;
+  Registry registry(*temp.store);
+  auto m = manifest();
+  m["parameters"] = json::parse(R"({"type":"object",
+      "properties":{"from":{"$ref":"#/definitions/place"},"to":{"$ref":"#/definitions/place"},
+                    "via":{"type":"array","items":{"$ref":"#/definitions/place"}}},
+      "definitions":{"place":{"type":"object","required":["city"],
+                              "properties":{"city":{"$ref":"#/definitions/a~1name"}}},
+                     "a/name":{"type":"string","minLength":1}}})");
+  auto installed = registry.install(m);
+  REQUIRE(installed.has_value());
+  auto tool = registry.getRevision(installed->revision, std::nullopt);
+  REQUIRE(tool.has_value());
+  const auto& parameters = (*tool)->parameters;
+  CHECK_FALSE(
+      parameters.validate(json::parse(R"({"from":{"city":"Paris"},"via":[{"city":"Lyon"}]})")));
+  auto violation =
+      parameters.validate(json::parse(R"({"from":{"city":"Paris"},"via":[{"city":""}]})"));
+  REQUIRE(violation);
+  CHECK(violation->path == "/via/0/city");
 }

@@ -43,6 +43,10 @@ find_path(VALIJSON_INCLUDE_DIR valijson/validator.hpp
   PATHS "${TOOLHOST_DEPS_PREFIX}/include" /usr/include NO_DEFAULT_PATH REQUIRED)
 add_library(toolhost_valijson INTERFACE)
 target_include_directories(toolhost_valijson SYSTEM INTERFACE "${VALIJSON_INCLUDE_DIR}")
+# Without it valijson reports an invalid schema (a negative minLength, "type": "objekt", a
+# number too large for its constraint) by printing it and calling abort(): one bad schema from
+# a client would end the daemon. With it, it throws, and JsonSchema turns that into an error.
+target_compile_definitions(toolhost_valijson INTERFACE VALIJSON_USE_EXCEPTIONS=1)
 
 # mimalloc as toolhostd's malloc (and the bench's, so that its floors pay the same): a call
 # allocates and frees many small blocks on one thread that another allocated, where glibc's

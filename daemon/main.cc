@@ -199,8 +199,8 @@ int run(const daemon::Config& config, const daemon::CommandLine& commandLine) {
 
   daemon::MethodTable methods;
   daemon::registerMetaMethods(methods, facts);
-  daemon::registerToolMethods(methods,
-                              daemon::ToolServices{registry, disk, &sandboxes, &externalTools, &secrets});
+  daemon::registerToolMethods(methods, daemon::ToolServices{registry, disk, &sandboxes,
+                                                            &externalTools, &secrets, &taskStore});
   daemon::registerPopupMethods(methods, popups);
   daemon::registerSandboxMethods(methods, sandboxes);
   daemon::registerTaskMethods(methods, taskStore, disk);

@@ -341,14 +341,22 @@ void registerToolMethods(MethodTable& methods, ToolServices services) {
 
   methods.add(MethodSpec{
       "store.verify",
-      "Re-hashes every stored manifest and settings document and checks every binding; lists "
-      "what does not match (empty when all is well).",
+      "Re-hashes every stored manifest, settings document and task, and checks every binding "
+      "and every task's parent; lists what does not match (empty when all is well).",
       RoleSet{Role::admin},
       {},
       schema(R"({"type":"object","required":["ok","problems"]})"),
-      [&registry, &disk](CallContext&, json::object) -> asio::awaitable<MethodResult> {
-        // Re-hashes every stored manifest: a long read, kept off the I/O threads.
-        auto problems = co_await disk.run([&] { return registry.verifyAll(); });
+      [&registry, &disk, tasks = services.tasks](CallContext&,
+                                                 json::object) -> asio::awaitable<MethodResult> {
+        // Re-hashes everything stored: a long read, kept off the I/O threads.
+        auto problems = co_await disk.run([&]() -> registry::Result<std::vector<std::string>> {
+          auto found = registry.verifyAll();
+          if (!found || tasks == nullptr) return found;
+          auto ofTasks = tasks->verifyAll();
+          if (!ofTasks) return ofTasks.error();
+          found->insert(found->end(), ofTasks->begin(), ofTasks->end());
+          return found;
+        });
         if (!problems) co_return toRpcError(problems.error());
         json::array list;
         for (const auto& problem : *problems) list.emplace_back(problem);

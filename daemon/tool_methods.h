@@ -5,6 +5,7 @@
 #include "daemon/disk_thread.h"
 #include "daemon/method_table.h"
 #include "registry/registry.h"
+#include "registry/tasks.h"
 
 namespace toolhost::runtime {
 class ToolRunner;
@@ -21,6 +22,7 @@ struct ToolServices {
   runtime::ToolRunner* sandboxes = nullptr;  // null until the runtime is wired
   ExternalTools* external = nullptr;          // null: external-service tools are unavailable
   SecretsHost* secrets = nullptr;  // null: tools.activate does not report requested secrets
+  registry::TaskStore* tasks = nullptr;  // null: store.verify does not check tasks
 };
 
 void registerToolMethods(MethodTable& methods, ToolServices services);

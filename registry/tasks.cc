@@ -821,6 +821,36 @@ Result<CommitOutcome> TaskStore::commit(const json::array& tasks) {
   return outcome;
 }
 
+Result<std::vector<std::string>> TaskStore::verifyAll() {
+  return unwrap(store_.read([&](store::ReadTxn& txn) -> Result<std::vector<std::string>> {
+    std::vector<std::string> problems;
+    std::vector<std::pair<std::string, std::string>> parents;  // task, the parent it names
+    txn.scan(tasks_, store::KeyRange::all(), [&](std::string_view key, std::string_view value) {
+      const std::string id(key);
+      if (protocol::contentHashOfCanonical(protocol::domain::kTask, value) != id) {
+        problems.push_back("task " + id);
+        return;
+      }
+      auto parsed = protocol::parseJson(value, protocol::JsonParseLimits{kStoredParseDepth});
+      const json::value* link =
+          parsed && parsed->is_object() ? parsed->as_object().if_contains("parentId") : nullptr;
+      if (link == nullptr) return;
+      if (!link->is_string() || !protocol::isContentHash(link->get_string())) {
+        problems.push_back("task " + id + " has a malformed parentId");
+      } else {
+        parents.emplace_back(id, std::string(link->get_string()));
+      }
+    });
+    for (const auto& [id, parent] : parents) {
+      if (!txn.contains(tasks_, parent)) {
+        problems.push_back("task " + id + " names a parent " + parent + " that is not stored");
+      }
+    }
+    return problems;
+  }),
+                store_);
+}
+
 Result<json::object> TaskStore::get(const std::string& id) {
   if (!protocol::isContentHash(id)) return missing(shown(id) + " is not a task id (sha256:...)");
   auto task = unwrap(

@@ -83,6 +83,10 @@ class TaskStore {
   // task that is already stored is idempotent.
   Result<CommitOutcome> commit(const boost::json::array& tasks);
 
+  // Re-hashes every stored task and checks that each parent it names is stored; lists what does
+  // not match (for store.verify).
+  Result<std::vector<std::string>> verifyAll();
+
   // One stored task, with its "id", re-hashed on read (a mismatch is RegistryErrc::integrity).
   Result<boost::json::object> get(const std::string& id);
 

@@ -314,6 +314,26 @@ boost::system::result<StorePtr, OpenError> Store::open(Options options) {
     return openErrorFromMdb(rc, db, "open");
   }
 
+  // A data file shorter than the pages its meta page says are in use (truncated by a full disk,
+  // a bad copy, an editor) would be read through the map anyway, and touching a page past its
+  // end kills the process (SIGBUS) at the first read: refuse it here instead.
+  {
+    MDB_envinfo info{};
+    MDB_stat envStat{};
+    if (int rc = mdb_env_info(env.get(), &info)) return openErrorFromMdb(rc, db, "check");
+    if (int rc = mdb_env_stat(env.get(), &envStat)) return openErrorFromMdb(rc, db, "check");
+    const auto used = (static_cast<std::uint64_t>(info.me_last_pgno) + 1) * envStat.ms_psize;
+    const auto size = std::filesystem::file_size(db / "data.mdb", fsError);
+    if (fsError)
+      return openErrorFromErrno(fsError.value(), "cannot read the size of the state database");
+    if (size < used) {
+      return openError(StoreErrc::corrupt,
+                       fmt::format("the state database {} is truncated: its file holds {} bytes, "
+                                   "but its pages in use take {}; restore it from a backup",
+                                   db.string(), size, used));
+    }
+  }
+
   // Reader slots left by a process that died inside a read transaction would pin old pages and
   // make the map grow until full.
   int stale = 0;

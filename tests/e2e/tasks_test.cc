@@ -435,6 +435,10 @@ TEST_CASE("tasks: a stored task that no longer matches its id is refused", "[e2e
                               compileParams(json::array{message("user", "c")}, second))) == -32013);
   CHECK(resultOf(client.call("tasks.get", json::object{{"id", second}})).at("content") == "b");
   CHECK_THAT(daemon->log(), Catch::Contains("integrity"));
+  // store.verify finds it too.
+  auto verify = resultOf(client.call("store.verify"));
+  CHECK(verify.at("ok") == false);
+  CHECK(verify.at("problems") == json::array{json::value("task " + first)});
 }
 
 namespace {

@@ -360,6 +360,18 @@ TEST_CASE("manifest refusals name the field and the reason", "[registry]") {
   m["parameters"] = json::parse(R"({"type":"object","properties":{"a":{"$ref":"https://evil.example/schema"}}})");
   refused(m, "$ref");
 
+  // Schemas valijson cannot take: refused with its words (without exceptions it would abort).
+  for (const char* invalid :
+       {R"({"type":"object","minLength":-1})", R"({"type":"objekt"})",
+        R"({"type":"object","required":"x"})", R"({"type":"object","maxItems":1.5})",
+        R"({"type":"object","properties":{"a":5}})",
+        R"({"type":"object","maxProperties":18446744073709551615})"}) {
+    INFO(invalid);
+    m = manifest();
+    m["parameters"] = json::parse(invalid);
+    refused(m, "manifest/parameters: invalid JSON Schema");
+  }
+
   // References that never end, or fan out, are refused before valijson follows them.
   for (const char* recursive :
        {R"({"type":"object","$ref":"#"})", R"({"type":"object","allOf":[{"$ref":"#"}]})",

@@ -123,3 +123,23 @@ TEST_CASE("a data file that is not LMDB is refused as corrupt") {
   CHECK(refused.error().code == StoreErrc::corrupt);
   CHECK_THAT(refused.error().message, Catch::Contains("not an LMDB file"));
 }
+
+TEST_CASE("a truncated data file is refused at open and never read past its end") {
+  TempDir tmp;
+  {
+    auto store = Store::open(options(tmp.state()));
+    REQUIRE(store.has_value());
+    auto table = (*store)->table("items");
+    REQUIRE((*store)->write([&](WriteTxn& txn) -> boost::system::result<void> {
+      for (int i = 0; i < 200; ++i)
+        txn.put(table, "key" + std::to_string(i), std::string(4000, 'v'));
+      return {};
+    }));
+  }
+  const auto file = tmp.state() / "db" / "data.mdb";
+  std::filesystem::resize_file(file, std::filesystem::file_size(file) / 2);
+  auto refused = Store::open(options(tmp.state()));
+  REQUIRE(refused.has_error());
+  CHECK(refused.error().code == StoreErrc::corrupt);
+  CHECK_THAT(refused.error().message, Catch::Contains("truncated"));
+}

@@ -38,6 +38,11 @@ namespace toolhost::runtime {
 // "too-many-operations".
 inline constexpr std::size_t kMaxRunningOps = 64;
 inline constexpr std::size_t kMaxOutstandingOps = 1024;
+// The requests of a call's outstanding operations (URLs, headers and bodies, storage values, popup
+// HTML, drafts) live outside its heap and ArrayBuffer limits until the daemon has them: together
+// they hold at most this much; a request that would go past it is refused with
+// "request-too-large".
+inline constexpr std::size_t kMaxOutstandingRequestBytes = std::size_t{64} << 20;
 
 class CallOperation;
 
@@ -67,6 +72,7 @@ struct CallState {
   // arrive on the strand and are settled in the next segment. At most kMaxOutstandingOps, of
   // which at most kMaxRunningOps started with the host (Sandbox::startHostOp).
   std::size_t outstandingOps = 0;
+  std::size_t outstandingRequestBytes = 0;  // of those operations' requests
   struct Completion {
     std::size_t resolver;  // index into the sandbox's pending operations of this call
     HostOpResult result;

@@ -211,18 +211,22 @@ void onDoor(const DoorArgs& info, v8::Local<v8::Value> epoch) {
            "call-ended");
     return;
   }
-  if (call->outstandingOps >= kMaxOutstandingOps) {
+  auto refuseTooMany = [&] {
     reject(context, resolver,
            std::string(doorName(door)) + ": this call already has " +
                std::to_string(kMaxOutstandingOps) +
                " host requests outstanding, the most one call may have; await some first",
            "too-many-operations");
+  };
+  if (call->outstandingOps >= kMaxOutstandingOps) {
+    refuseTooMany();
     return;
   }
   CapabilityHost* host = call->host;
   registry::ToolRevisionPtr tool = call->tool;
   Sandbox::StartOp start;
   ReplyKind reply = ReplyKind::json;
+  std::size_t requestBytes = 0;
 
   if constexpr (door == Door::resolveInvocation || door == Door::createSubtasksResult) {
     if (!subtasksRequested(sandbox.tool())) {
@@ -242,6 +246,7 @@ void onDoor(const DoorArgs& info, v8::Local<v8::Value> epoch) {
         return;
       }
       std::string name = toUtf8(isolate, info[0].As<v8::String>());
+      requestBytes = name.size();
       start = [host, tool, name](std::shared_ptr<HostOperation> operation) {
         operation->complete(resolveInvocationOnHost(*host, *tool, name));
       };
@@ -255,6 +260,7 @@ void onDoor(const DoorArgs& info, v8::Local<v8::Value> epoch) {
                "invalid-argument", true);
         return;
       }
+      requestBytes = jsonTextSize(*drafts);
       start = [host, tool, drafts = std::move(*drafts),
                invocation = call->invocation](std::shared_ptr<HostOperation> operation) {
         auto tasks = host->createSubtasks(*tool, drafts, invocation);
@@ -277,13 +283,31 @@ void onDoor(const DoorArgs& info, v8::Local<v8::Value> epoch) {
       return;
     }
     reply = request->reply;
+    requestBytes = jsonTextSize(request->request);
     start = [host, tool, kind = std::string(request->kind), body = std::move(request->request),
              invocation = call->invocation](std::shared_ptr<HostOperation> operation) mutable {
       host->startOperation(*tool, invocation, kind, std::move(body), std::move(operation));
     };
   }
-  if (!sandbox.startHostOp(resolver, reply, std::move(start))) {
-    reject(context, resolver, std::string(doorName(door)) + ": this call has ended", "call-ended");
+  // Building the request may have run the tool's getters, and they may have started operations.
+  switch (sandbox.startHostOp(resolver, reply, std::move(start), requestBytes)) {
+    case Sandbox::HostOpStart::started:
+      break;
+    case Sandbox::HostOpStart::callEnded:
+      reject(context, resolver, std::string(doorName(door)) + ": this call has ended",
+             "call-ended");
+      break;
+    case Sandbox::HostOpStart::tooMany:
+      refuseTooMany();
+      break;
+    case Sandbox::HostOpStart::tooLarge:
+      reject(context, resolver,
+             std::string(doorName(door)) + ": this request (" + std::to_string(requestBytes) +
+                 " bytes) with those of the call's outstanding requests would hold more than " +
+                 std::to_string(kMaxOutstandingRequestBytes >> 20) +
+                 " MiB outside its heap, the most one call's requests may; await some first",
+             "request-too-large");
+      break;
   }
 }
 

@@ -322,6 +322,8 @@ Sandbox::Step Sandbox::resume() {
       }
       v8::HandleScope scope(js.isolate);
       PendingOp& pending = pending_.at(completion.resolver);
+      js.call.outstandingRequestBytes -= pending.requestBytes;
+      pending.requestBytes = 0;
       v8::Local<v8::Promise::Resolver> resolver = pending.resolver.Get(js.isolate);
       pending.resolver.Reset();
       if (completion.result) {
@@ -424,19 +426,25 @@ void Sandbox::endCall() {
   }
 }
 
-bool Sandbox::startHostOp(v8::Local<v8::Promise::Resolver> resolver, ReplyKind kind,
-                          StartOp start) {
-  if (!call_ || call_->ended || !call_->post) return false;
+Sandbox::HostOpStart Sandbox::startHostOp(v8::Local<v8::Promise::Resolver> resolver, ReplyKind kind,
+                                          StartOp start, std::size_t requestBytes) {
+  if (!call_ || call_->ended || !call_->post) return HostOpStart::callEnded;
+  if (call_->outstandingOps >= kMaxOutstandingOps) return HostOpStart::tooMany;
+  if (requestBytes > kMaxOutstandingRequestBytes - call_->outstandingRequestBytes) {
+    return HostOpStart::tooLarge;
+  }
   const std::size_t index = pending_.size();
-  pending_.push_back(PendingOp{v8::Global<v8::Promise::Resolver>(isolate_, resolver), kind});
+  pending_.push_back(
+      PendingOp{v8::Global<v8::Promise::Resolver>(isolate_, resolver), kind, requestBytes});
   ++call_->outstandingOps;
+  call_->outstandingRequestBytes += requestBytes;
   std::shared_ptr<CallOperation> operation = newOperation(call_, index);
   if (runningOps_ >= kMaxRunningOps) {
     waitingOps_.emplace_back(std::move(operation), std::move(start));
-    return true;
+    return HostOpStart::started;
   }
   launchOp(std::move(operation), std::move(start));
-  return true;
+  return HostOpStart::started;
 }
 
 void Sandbox::launchOp(std::shared_ptr<HostOperation> operation, StartOp start) {

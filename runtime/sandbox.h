@@ -96,9 +96,14 @@ class Sandbox {
   // strand after this segment, outside the isolate, with the operation's HostOperation (which it
   // hands to the host, or completes itself); the completion is settled in a later segment. With
   // kMaxRunningOps of the call's operations started and not yet settled, it waits until one is.
-  // False (and nothing started) once the call ended.
+  // Nothing is started once the call ended, with kMaxOutstandingOps outstanding, or when the
+  // request's `requestBytes` would take the call's outstanding requests past
+  // kMaxOutstandingRequestBytes (checked here, after the request was built: building it may have
+  // run the tool's getters, which may have started operations of their own).
   using StartOp = std::function<void(std::shared_ptr<HostOperation>)>;
-  bool startHostOp(v8::Local<v8::Promise::Resolver> resolver, ReplyKind kind, StartOp start);
+  enum class HostOpStart { started, callEnded, tooMany, tooLarge };
+  HostOpStart startHostOp(v8::Local<v8::Promise::Resolver> resolver, ReplyKind kind, StartOp start,
+                          std::size_t requestBytes);
   // A fresh ArrayBuffer of `length` uninitialized bytes allocated through the counting allocator
   // (never V8's fatal out-of-memory path). Empty when refused: the call is then killed with the
   // ArrayBuffer limit.
@@ -165,6 +170,7 @@ class Sandbox {
   struct PendingOp {
     v8::Global<v8::Promise::Resolver> resolver;
     ReplyKind kind;
+    std::size_t requestBytes = 0;
   };
   std::vector<PendingOp> pending_;  // host operations of this call, by CallState::Completion index
   // Operations of this call started with the host and not yet settled, and those waiting for one

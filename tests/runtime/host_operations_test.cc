@@ -851,6 +851,63 @@ TEST_CASE("at most kMaxRunningOps of a call's host requests run at once, the res
   CHECK(f.host.operations().size() == 100);
 }
 
+TEST_CASE("operations a getter starts while a request is built count toward kMaxOutstandingOps",
+          "[ops][limits]") {
+  PoolFixture f;  // its host refuses storage requests at once, as not authorized
+  auto tool = makeTool(R"(export default async (args, ctx) => {
+      const all = [];
+      const note = (p) => all.push(p.then(() => 'done', (e) => e.code));
+      for (let i = 0; i < 1020; i++) note(ctx.storage.get('k' + i));
+      // Reading init.method starts ten more: the fetch itself comes after them.
+      const init = { get method() {
+        for (let i = 0; i < 10; i++) note(ctx.storage.get('nested' + i));
+        return 'POST';
+      } };
+      note(fetch('https://api.example/', init));
+      const codes = {};
+      for (const code of await Promise.all(all)) codes[code] = (codes[code] || 0) + 1;
+      return codes;
+    })",
+                       json::object{{"capabilities", json::object{{"storage", true}}}});
+  auto outcome = f.call(tool);
+  INFO(describe(outcome));
+  REQUIRE(outcome.result);
+  CHECK(outcome.result->at("too-many-operations") ==
+        1031 - static_cast<std::int64_t>(kMaxOutstandingOps));
+  CHECK(f.host.operations().size() == kMaxOutstandingOps);
+}
+
+TEST_CASE("a call's outstanding requests hold at most kMaxOutstandingRequestBytes",
+          "[ops][limits]") {
+  Later later;
+  PoolFixture f;
+  f.host.onOperation(
+      [&](const std::string&, const json::value&, std::shared_ptr<HostOperation> operation) {
+        later.after(milliseconds(50), [operation] { operation->complete(fetchReply(200, "ok")); });
+      });
+  // Each body is 10 MiB, about 13.3 MiB as the base64 of the request: four fit in 64 MiB.
+  auto tool = makeTool(R"(export default async () => {
+      const body = 'x'.repeat(10 * 1024 * 1024);
+      const all = [];
+      for (let i = 0; i < 6; i++) {
+        all.push(fetch('https://api.example/' + i, { method: 'POST', body })
+                   .then((r) => String(r.status), (e) => e.code));
+      }
+      const first = await Promise.all(all);
+      // Settled requests hold nothing: the next one fits again.
+      const again = await fetch('https://api.example/again', { method: 'POST', body });
+      return { first, again: again.status };
+    })",
+                       limits({{"wallMs", 20000}}));
+  auto outcome = f.call(tool);
+  INFO(describe(outcome));
+  REQUIRE(outcome.result);
+  CHECK(outcome.result->at("first") ==
+        json::array{"200", "200", "200", "200", "request-too-large", "request-too-large"});
+  CHECK(outcome.result->at("again") == 200);
+  CHECK(f.host.operations().size() == 5);
+}
+
 TEST_CASE("a call's host request past kMaxOutstandingOps is refused", "[ops][limits]") {
   PoolFixture f;  // its host refuses storage requests at once, as not authorized
   auto tool = makeTool(R"(export default async (args, ctx) => {

@@ -176,6 +176,11 @@ asio::awaitable<void> sleepUntil(Clock::time_point deadline) {
 
 }  // namespace
 
+void ExternalTools::setOwnSocket(const std::filesystem::path& socket) {
+  struct stat own {};
+  if (::stat(socket.c_str(), &own) == 0) ownSocket_ = std::make_pair(own.st_dev, own.st_ino);
+}
+
 asio::awaitable<MethodResult> ExternalTools::call(registry::ToolRevisionPtr tool,
                                                   json::object arguments,
                                                   std::optional<std::int64_t> wallMs) {
@@ -273,6 +278,12 @@ asio::awaitable<MethodResult> ExternalTools::call(registry::ToolRevisionPtr tool
 
   // unix:/path
   const std::string path = endpoint.substr(5);
+  if (struct stat target{}; ownSocket_ && ::stat(path.c_str(), &target) == 0 &&
+                            std::make_pair(target.st_dev, target.st_ino) == *ownSocket_) {
+    co_return finish(Failure{
+        app_error::kInvalidDefinition, "invalid-definition",
+        "the endpoint " + endpoint + " is this daemon's own socket: the call would call itself"});
+  }
   std::optional<UnixExchange> exchanged;
   try {
     auto raced = co_await (unixExchange(path, body + "\n", limits.maxResponseBytes) ||

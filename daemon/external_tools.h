@@ -15,14 +15,22 @@
 #include <boost/asio/awaitable.hpp>
 #include <boost/json/object.hpp>
 
+#include <sys/stat.h>
+
 #include <cstdint>
+#include <filesystem>
 #include <optional>
+#include <utility>
 
 namespace toolhost::daemon {
 
 class ExternalTools {
  public:
   explicit ExternalTools(MediationServices services) : services_(services) {}
+
+  // The daemon's own listening socket: an endpoint that is it (by path, symlink or hard link)
+  // is refused, or each call would call itself again, as admin, until descriptors ran out.
+  void setOwnSocket(const std::filesystem::path& socket);
 
   // Forwards one call of `tool` (an external-service revision; arguments already validated).
   // `wallMs`: the caller's tightened limit or the manifest's, if any; the exchange (not the
@@ -34,6 +42,7 @@ class ExternalTools {
 
  private:
   MediationServices services_;
+  std::optional<std::pair<dev_t, ino_t>> ownSocket_;  // set before the first call
 };
 
 }  // namespace toolhost::daemon

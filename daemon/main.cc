@@ -88,12 +88,14 @@ int run(const daemon::Config& config, const daemon::CommandLine& commandLine) {
   daemon::ConfigHolder configs(config);
 
   std::error_code ec;
-  std::filesystem::create_directories(config.stateDir, ec);
+  const bool created = std::filesystem::create_directories(config.stateDir, ec);
   if (ec) {
     spdlog::critical("cannot create the state directory {}: {}", config.stateDir.string(), ec.message());
     return 1;
   }
-  ::chmod(config.stateDir.c_str(), 0700);
+  // A directory made here is private; one that exists keeps its mode (it may be shared, such as
+  // /var/lib): what the daemon keeps in it is private anyway (db/ is 0700, its files 0600).
+  if (created) ::chmod(config.stateDir.c_str(), 0700);
 
   // No V8 in this process: JavaScript runs in the sandbox host processes (runtime/sandbox_host.h).
   // Those inherit what this process may do with memory: V8's JIT must be able to make the pages
@@ -178,6 +180,9 @@ int run(const daemon::Config& config, const daemon::CommandLine& commandLine) {
   // The methods' LMDB writes wait for the disk here, not on an I/O thread (daemon/disk_thread.h).
   // Stopped below once the I/O threads are done, before anything it serves is destroyed.
   daemon::DiskThread disk;
+  // Reads that walk a whole task lineage (each task re-hashed) take seconds for long ones: off
+  // the I/O threads, and off the disk thread too, where writes would queue behind them.
+  daemon::DiskThread lineageReads;
 
   // Sandboxed JavaScript: V8 workers, retained sandboxes, the watchdog. The pool is destroyed
   // first (its calls end and abort their operations), then the capability host, then the
@@ -203,7 +208,7 @@ int run(const daemon::Config& config, const daemon::CommandLine& commandLine) {
                                                             &externalTools, &secrets, &taskStore});
   daemon::registerPopupMethods(methods, popups);
   daemon::registerSandboxMethods(methods, sandboxes);
-  daemon::registerTaskMethods(methods, taskStore, disk);
+  daemon::registerTaskMethods(methods, taskStore, disk, lineageReads);
   daemon::registerStorageMethods(methods, toolStorage, disk);
   daemon::registerPolicyMethods(
       methods, daemon::PolicyServices{registry, decisions, approvals, audit, disk, configs});
@@ -216,6 +221,7 @@ int run(const daemon::Config& config, const daemon::CommandLine& commandLine) {
     spdlog::critical("{}", listening.error().detail);
     return 1;
   }
+  externalTools.setOwnSocket(server.socketPath());
 
   // SIGTERM/SIGINT stop gracefully, SIGHUP reloads; READY=1, STATUS= and WATCHDOG=1 to systemd.
   daemon::ServiceLifecycle lifecycle(io, server, configs, *systemd, commandLine);
@@ -231,6 +237,7 @@ int run(const daemon::Config& config, const daemon::CommandLine& commandLine) {
   for (auto& thread : threads) thread.join();
   // After a forced stop, jobs may still be queued: they run now, while what they use is alive.
   disk.stop();
+  lineageReads.stop();
   return 0;
 }
 

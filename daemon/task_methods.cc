@@ -45,7 +45,8 @@ std::string idParam(const json::object& params) { return std::string(params.at("
 
 }  // namespace
 
-void registerTaskMethods(MethodTable& methods, registry::TaskStore& tasks, DiskThread& disk) {
+void registerTaskMethods(MethodTable& methods, registry::TaskStore& tasks, DiskThread& disk,
+                         DiskThread& reads) {
   const registry::TaskLimits& limits = tasks.limits();
   const json::value taskSchema = schema(R"({"type":"object","required":["id","kind","role"]})");
 
@@ -67,11 +68,12 @@ void registerTaskMethods(MethodTable& methods, registry::TaskStore& tasks, DiskT
               {"parentId", kTaskId}},
           {"drafts"}),
       schema(R"({"type":"object","required":["tasks"],"properties":{"tasks":{"type":"array"}}})"),
-      [&tasks](CallContext& context, json::object params) -> asio::awaitable<MethodResult> {
+      [&tasks, &reads](CallContext& context, json::object params) -> asio::awaitable<MethodResult> {
         std::optional<std::string> parentId;
         if (const auto* parent = params.if_contains("parentId"))
           parentId = std::string(parent->as_string());
-        auto compiled = tasks.compile(params.at("drafts").as_array(), parentId);
+        auto compiled = co_await reads.run(
+            [&] { return tasks.compile(params.at("drafts").as_array(), parentId); });
         if (!compiled) co_return failure(context, "tasks.compile", compiled.error());
         co_return json::value(json::object{{"tasks", std::move(*compiled)}});
       }});
@@ -101,8 +103,9 @@ void registerTaskMethods(MethodTable& methods, registry::TaskStore& tasks, DiskT
   methods.add(MethodSpec{
       "tasks.get", "One stored task with its id, re-hashed on read.", RoleSet{Role::agent},
       paramsWith(json::object{{"id", kTaskId}}, {"id"}), taskSchema,
-      [&tasks](CallContext& context, json::object params) -> asio::awaitable<MethodResult> {
-        auto task = tasks.get(idParam(params));
+      [&tasks, &reads](CallContext& context, json::object params) -> asio::awaitable<MethodResult> {
+        const std::string id = idParam(params);
+        auto task = co_await reads.run([&] { return tasks.get(id); });
         if (!task) co_return failure(context, "tasks.get", task.error());
         co_return json::value(std::move(*task));
       }});
@@ -111,8 +114,9 @@ void registerTaskMethods(MethodTable& methods, registry::TaskStore& tasks, DiskT
       "tasks.lineage", "The task and its ancestors through parentId, root first: {tasks}.",
       RoleSet{Role::agent}, paramsWith(json::object{{"id", kTaskId}}, {"id"}),
       schema(R"({"type":"object","required":["tasks"],"properties":{"tasks":{"type":"array"}}})"),
-      [&tasks](CallContext& context, json::object params) -> asio::awaitable<MethodResult> {
-        auto lineage = tasks.lineage(idParam(params));
+      [&tasks, &reads](CallContext& context, json::object params) -> asio::awaitable<MethodResult> {
+        const std::string id = idParam(params);
+        auto lineage = co_await reads.run([&] { return tasks.lineage(id); });
         if (!lineage) co_return failure(context, "tasks.lineage", lineage.error());
         co_return json::value(json::object{{"tasks", std::move(*lineage)}});
       }});
@@ -124,8 +128,9 @@ void registerTaskMethods(MethodTable& methods, registry::TaskStore& tasks, DiskT
       "the lineage's tooldefinitions (the nearest definition of a name wins), sorted by name.",
       RoleSet{Role::agent}, paramsWith(json::object{{"id", kTaskId}}, {"id"}),
       schema(R"({"type":"object","required":["tools"],"properties":{"tools":{"type":"array"}}})"),
-      [&tasks](CallContext& context, json::object params) -> asio::awaitable<MethodResult> {
-        auto tools = tasks.providerTools(idParam(params));
+      [&tasks, &reads](CallContext& context, json::object params) -> asio::awaitable<MethodResult> {
+        const std::string id = idParam(params);
+        auto tools = co_await reads.run([&] { return tasks.providerTools(id); });
         if (!tools) co_return failure(context, "tasks.providerTools", tools.error());
         co_return json::value(json::object{{"tools", std::move(*tools)}});
       }});
@@ -138,8 +143,9 @@ void registerTaskMethods(MethodTable& methods, registry::TaskStore& tasks, DiskT
       RoleSet{Role::agent}, paramsWith(json::object{{"id", kTaskId}}, {"id"}),
       schema(
           R"({"type":"object","required":["messages"],"properties":{"messages":{"type":"array"}}})"),
-      [&tasks](CallContext& context, json::object params) -> asio::awaitable<MethodResult> {
-        auto messages = tasks.messages(idParam(params));
+      [&tasks, &reads](CallContext& context, json::object params) -> asio::awaitable<MethodResult> {
+        const std::string id = idParam(params);
+        auto messages = co_await reads.run([&] { return tasks.messages(id); });
         if (!messages) co_return failure(context, "tasks.messages", messages.error());
         co_return json::value(json::object{{"messages", std::move(*messages)}});
       }});

@@ -11,6 +11,9 @@
 namespace toolhost::daemon {
 
 // `tasks` and `disk` must outlive the method table's use (the server).
-void registerTaskMethods(MethodTable& methods, registry::TaskStore& tasks, DiskThread& disk);
+// Commits run on `disk`; the reads that walk a lineage (compile, get, lineage, providerTools,
+// messages) on `reads`, so that neither an I/O thread nor the writes wait for them.
+void registerTaskMethods(MethodTable& methods, registry::TaskStore& tasks, DiskThread& disk,
+                         DiskThread& reads);
 
 }  // namespace toolhost::daemon

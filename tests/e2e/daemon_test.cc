@@ -50,6 +50,31 @@ TEST_CASE("the socket is created 0600 and removed on exit", "[e2e][daemon]") {
   CHECK_FALSE(fs::exists(daemon->socket()));
 }
 
+TEST_CASE("a state directory made by the daemon is 0700 and an existing one keeps its mode",
+          "[e2e][daemon]") {
+  TempDir dir;
+  DaemonOptions fresh;
+  fresh.stateDir = dir.path() / "made";
+  auto made = DaemonProcess::start(fresh);
+  CHECK((fs::status(*fresh.stateDir).permissions() & fs::perms::all) == fs::perms::owner_all);
+  CHECK(made->stop() == 0);
+
+  DaemonOptions existing;
+  existing.stateDir = dir.path() / "shared";
+  fs::create_directories(*existing.stateDir);
+  fs::permissions(*existing.stateDir, fs::perms::owner_all | fs::perms::group_read |
+                                          fs::perms::group_exec | fs::perms::others_read |
+                                          fs::perms::others_exec);
+  auto daemon = DaemonProcess::start(existing);
+  CHECK((fs::status(*existing.stateDir).permissions() & fs::perms::all) ==
+        (fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec |
+         fs::perms::others_read | fs::perms::others_exec));
+  // What it keeps there is private all the same.
+  CHECK((fs::status(*existing.stateDir / "db").permissions() & fs::perms::all) ==
+        fs::perms::owner_all);
+  CHECK(daemon->stop() == 0);
+}
+
 TEST_CASE("a stale socket is replaced, a live one stops a second daemon", "[e2e][daemon]") {
   TempDir dir;
   auto socket = dir.path() / "s";

@@ -233,6 +233,25 @@ TEST_CASE("external service over unix: forwarded once authorized", "[e2e][extern
   CHECK(denial);
 }
 
+TEST_CASE("an external service that is the daemon's own socket is refused", "[e2e][external]") {
+  auto daemon = DaemonProcess::start();
+  Peer agent(daemon->socket());
+  // By its path, and through a symbolic link to it.
+  const auto link = daemon->dir() / "self.sock";
+  std::filesystem::create_symlink(daemon->socket(), link);
+  for (const auto& path : {daemon->socket(), link}) {
+    const std::string endpoint = "unix:" + path.string();
+    const std::string name = path == link ? "self-link" : "self";
+    auto revision = deploy(agent, externalTool(name, endpoint));
+    decideAhead(agent, revision, "invoke", endpoint, "write");
+    auto refused = callTool(agent, name, json::object{{"x", 1}});
+    INFO(refused);
+    CHECK(refused.at("error").at("data").at("kind") == "invalid-definition");
+    CHECK_THAT(text(refused.at("error").at("data").at("detail")), Catch::Contains("own socket"));
+  }
+  CHECK(resultOf(agent.call("daemon.health")).at("connections") == 1);
+}
+
 TEST_CASE("external service over https: the same checks, a prompt, a stored deny",
           "[e2e][external]") {
   HttpsTestServer server;

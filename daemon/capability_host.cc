@@ -161,9 +161,12 @@ asio::awaitable<void> runFetch(FetchJob job) {
   ask.toolName = job.toolName;
   ask.manifestRequests = job.requested;
   ask.privateRange = job.privateRange;
-  // The path without the query (queries carry keys more often than paths do), cut short.
-  ask.detail =
-      job.request.method + " " + path.substr(0, std::min<std::size_t>(path.find('?'), 200));
+  // The path without the query (queries carry keys more often than paths do), cut short for the
+  // prompt; a request joins a pending prompt only with the whole of it the same.
+  const std::string withoutQuery = path.substr(0, path.find('?'));
+  ask.detail = job.request.method + " " + withoutQuery.substr(0, 200) +
+               (withoutQuery.size() > 200 ? "..." : "");
+  ask.sameAs = job.request.method + " " + withoutQuery;
   auto decision = co_await authorize(job.services, std::move(ask), job.operation, true);
   if (decision.source == policy::DecisionSource::cancelled) {
     operation.complete(cancelledFailure());

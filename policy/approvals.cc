@@ -187,7 +187,8 @@ std::shared_ptr<ApprovalBroker::Prompt> ApprovalBroker::findPromptLocked(
   auto [begin, end] = promptsByKey_.equal_range(request.key);
   for (auto it = begin; it != end; ++it) {
     const AuthorizationRequest& shown = it->second->request;
-    if (shown.detail == request.detail && shown.privateRange == request.privateRange) {
+    if (shown.detail == request.detail && shown.sameAs == request.sameAs &&
+        shown.privateRange == request.privateRange) {
       return it->second;
     }
   }

@@ -37,6 +37,9 @@ struct AuthorizationRequest {
   std::optional<std::string> privateRange;
   // Shown in the prompt only (never stored or audited), e.g. "GET /v1/forecast". Keep secrets out.
   std::string detail;
+  // What a request must share with a pending prompt's to join it, when more than `detail` (which
+  // may be cut short): e.g. the whole path. Never shown, stored or audited.
+  std::string sameAs;
 };
 
 // Where a decision came from.

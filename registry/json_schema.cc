@@ -10,6 +10,8 @@
 
 #include <algorithm>
 #include <exception>
+#include <functional>
+#include <map>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -35,17 +37,23 @@ std::string toPointer(const std::vector<std::string>& context) {
   return pointer;
 }
 
-// --- References ---
-//
-// valijson follows "$ref" while it parses a schema and while it validates, by recursion, with
-// no guard: a reference that leads back to itself ({"$ref": "#"}, or "allOf": [{"$ref": "#"}])
-// exhausts the stack of the thread, and references that fan out (each level an anyOf of two
-// references to the next) take exponential time. So compile() admits only references that end:
-// each resolves inside the document, none leads back to itself, and the schema with every
-// reference written out in full stays within kMaxExpandedValues values.
+// --- Where schemas stand ---
 
-constexpr std::size_t kMaxReferences = 1000;
-constexpr std::size_t kMaxExpandedValues = 20000;
+// How the value of a schema's keyword is read (draft 7, as valijson reads it).
+enum class Place { schema, schemaList, schemaMap, data };
+
+Place placeOf(std::string_view key, const boost::json::value& value) {
+  if (key == "enum" || key == "const" || key == "default" || key == "examples") return Place::data;
+  if (key == "allOf" || key == "anyOf" || key == "oneOf") return Place::schemaList;
+  if (key == "items") return value.is_array() ? Place::schemaList : Place::schema;
+  if (key == "properties" || key == "patternProperties" || key == "definitions" || key == "$defs" ||
+      key == "dependencies") {
+    return Place::schemaMap;
+  }
+  // not, if, then, else, additionalItems, additionalProperties, contains, propertyNames, and
+  // every keyword valijson does not know (read as a schema: a reference may lead into it).
+  return Place::schema;
+}
 
 using Pointer = std::vector<std::string>;
 
@@ -55,56 +63,83 @@ std::string pointerText(const Pointer& pointer) {
   return out;
 }
 
+using SchemaVisitor = std::function<void(const boost::json::object&, const Pointer&)>;
+
+void visitSchema(const boost::json::value& node, Pointer& at, const SchemaVisitor& visit) {
+  if (const auto* array = node.if_array()) {  // not a schema: read each element as one
+    for (std::size_t i = 0; i < array->size(); ++i) {
+      at.push_back(std::to_string(i));
+      visitSchema((*array)[i], at, visit);
+      at.pop_back();
+    }
+    return;
+  }
+  const auto* object = node.if_object();
+  if (object == nullptr) return;
+  visit(*object, at);
+  for (const auto& [key, value] : *object) {
+    const Place place = placeOf(key, value);
+    if (place == Place::data) continue;
+    at.emplace_back(key);
+    if (place == Place::schemaMap && value.is_object()) {
+      for (const auto& [name, member] : value.get_object()) {
+        at.emplace_back(name);
+        visitSchema(member, at, visit);
+        at.pop_back();
+      }
+    } else {
+      visitSchema(value, at, visit);  // a schema, or a list of them (an array)
+    }
+    at.pop_back();
+  }
+}
+
+// The schema without `keyword` wherever a schema stands.
+boost::json::value strip(const boost::json::value& node, std::string_view keyword) {
+  if (const auto* array = node.if_array()) {
+    boost::json::array out;
+    for (const auto& item : *array) out.push_back(strip(item, keyword));
+    return out;
+  }
+  const auto* object = node.if_object();
+  if (object == nullptr) return node;
+  boost::json::object out;
+  for (const auto& [key, value] : *object) {
+    if (key == keyword) continue;
+    const Place place = placeOf(key, value);
+    if (place == Place::data) {
+      out[key] = value;
+    } else if (place == Place::schemaMap && value.is_object()) {
+      boost::json::object members;
+      for (const auto& [name, member] : value.get_object()) members[name] = strip(member, keyword);
+      out[key] = std::move(members);
+    } else {
+      out[key] = strip(value, keyword);
+    }
+  }
+  return out;
+}
+
+// --- References ---
+//
+// valijson follows "$ref" while it parses a schema and while it validates, by recursion, with
+// no guard: a reference that leads back to itself ({"$ref": "#"}, or "allOf": [{"$ref": "#"}])
+// exhausts the stack of the thread, and references that fan out (each level an anyOf of two
+// references to the next) take exponential time. So compile() admits only references that end:
+// each resolves, where a schema stands, inside the document (read exactly as valijson reads it:
+// no empty or percent-encoded tokens, which it reads differently), none leads back to itself,
+// and the schema with every reference written out in full stays within kMaxExpandedValues
+// values (which bounds a schema without references too).
+
+constexpr std::size_t kMaxReferences = 1000;
+constexpr std::size_t kMaxExpandedValues = 20000;
+
 struct Reference {
   Pointer at;      // the object holding the "$ref"
   Pointer target;  // where it leads
   std::string text;
   std::size_t valuesBelow = 0;  // values in the target's subtree
 };
-
-struct ReferenceScan {
-  std::vector<Reference> references;
-  std::optional<std::string> refusal;
-};
-
-// Keywords whose values are data, never schemas.
-bool isDataKeyword(std::string_view key) {
-  return key == "enum" || key == "const" || key == "default" || key == "examples";
-}
-
-void collectReferences(const boost::json::value& node, Pointer& at, ReferenceScan& scan) {
-  if (scan.refusal) return;
-  if (const auto* object = node.if_object()) {
-    for (const auto& [key, value] : *object) {
-      if (key == "$ref" && value.is_string()) {
-        if (scan.references.size() == kMaxReferences) {
-          scan.refusal = "more than " + std::to_string(kMaxReferences) + " references (\"$ref\")";
-          return;
-        }
-        scan.references.push_back(Reference{at, {}, std::string(value.get_string()), 0});
-        continue;
-      }
-      // valijson lets "id" change the base that references resolve against; a tool's schema is
-      // one document, so its references are read against that document only.
-      if (key == "id" && value.is_string()) {
-        scan.refusal = pointerText(at) +
-                       "/id: \"id\" is not supported (references resolve "
-                       "against this document only)";
-        return;
-      }
-      if (isDataKeyword(key)) continue;
-      at.emplace_back(key);
-      collectReferences(value, at, scan);
-      at.pop_back();
-    }
-  } else if (const auto* array = node.if_array()) {
-    for (std::size_t i = 0; i < array->size(); ++i) {
-      at.push_back(std::to_string(i));
-      collectReferences((*array)[i], at, scan);
-      at.pop_back();
-    }
-  }
-}
 
 std::size_t countValues(const boost::json::value& node) {
   std::size_t count = 1;
@@ -116,7 +151,15 @@ std::size_t countValues(const boost::json::value& node) {
   return count;
 }
 
-// Resolves a "#" or "#/..." reference to its pointer and the value there, or says why not.
+std::optional<std::size_t> arrayIndex(const std::string& token, std::size_t size) {
+  const bool digits = !token.empty() && token.size() <= 9 &&
+                      token.find_first_not_of("0123456789") == std::string::npos &&
+                      (token == "0" || token.front() != '0');
+  if (!digits || std::stoul(token) >= size) return std::nullopt;
+  return std::stoul(token);
+}
+
+// Resolves a "#" or "#/..." reference to its pointer and the schema there, or says why not.
 boost::system::result<std::pair<Pointer, const boost::json::value*>, std::string> resolve(
     const boost::json::value& document, std::string_view text) {
   if (text != "#" && !text.starts_with("#/")) {
@@ -128,10 +171,12 @@ boost::system::result<std::pair<Pointer, const boost::json::value*>, std::string
   }
   Pointer pointer;
   const boost::json::value* here = &document;
+  Place place = Place::schema;
   std::string_view rest = text.substr(1);
   while (!rest.empty()) {
     rest.remove_prefix(1);  // the '/'
     const auto end = std::min(rest.find('/'), rest.size());
+    if (end == 0) return std::string("empty tokens (\"//\", a trailing \"/\") are not supported");
     std::string token;
     for (std::size_t i = 0; i < end; ++i) {
       if (rest[i] == '~' && i + 1 < end && (rest[i + 1] == '0' || rest[i + 1] == '1')) {
@@ -142,20 +187,26 @@ boost::system::result<std::pair<Pointer, const boost::json::value*>, std::string
       }
     }
     rest.remove_prefix(end);
-    if (const auto* object = here->if_object()) {
-      here = object->if_contains(token);
-    } else if (const auto* array = here->if_array()) {
-      const bool index = !token.empty() && token.size() <= 9 &&
-                         token.find_first_not_of("0123456789") == std::string::npos &&
-                         (token == "0" || token.front() != '0');
-      here = index && std::stoul(token) < array->size() ? &(*array)[std::stoul(token)] : nullptr;
-    } else {
-      here = nullptr;
+    const boost::json::value* next = nullptr;
+    Place nextPlace = Place::schema;
+    if (const auto* array = here->if_array()) {  // a list of schemas (or not a schema at all)
+      if (auto index = arrayIndex(token, array->size())) next = &(*array)[*index];
+    } else if (const auto* object = here->if_object()) {
+      next = object->if_contains(token);
+      // A member of a map of schemas is a schema; a schema's member is read by its keyword.
+      if (next != nullptr && place != Place::schemaMap) nextPlace = placeOf(token, *next);
     }
-    if (here == nullptr) return std::string("it leads nowhere in this schema");
+    if (next == nullptr) return std::string("it leads nowhere in this schema");
+    if (nextPlace == Place::data) {
+      return std::string("it leads into the data of \"" + token + "\", not to a schema");
+    }
+    here = next;
+    place = nextPlace;
     pointer.push_back(std::move(token));
   }
-  if (!here->is_object() && !here->is_bool()) return std::string("it does not lead to a schema");
+  if (place != Place::schema || (!here->is_object() && !here->is_bool())) {
+    return std::string("it does not lead to a schema");
+  }
   return std::make_pair(std::move(pointer), here);
 }
 
@@ -164,19 +215,42 @@ bool isPrefix(const Pointer& prefix, const Pointer& of) {
 }
 
 std::optional<std::string> checkReferences(const boost::json::value& document) {
-  ReferenceScan scan;
+  const std::size_t documentValues = countValues(document);
+  if (documentValues > kMaxExpandedValues) {
+    return "the schema has more than " + std::to_string(kMaxExpandedValues) + " values";
+  }
+  std::vector<Reference> refs;
+  std::optional<std::string> refusal;
   Pointer at;
-  collectReferences(document, at, scan);
-  if (scan.refusal) return scan.refusal;
-  auto& refs = scan.references;
+  visitSchema(document, at, [&](const boost::json::object& node, const Pointer& where) {
+    if (refusal) return;
+    // valijson lets "id" change the base that references resolve against; a tool's schema is
+    // one document, so its references are read against that document only.
+    if (const auto* id = node.if_contains("id"); id != nullptr && id->is_string()) {
+      refusal = pointerText(where) +
+                "/id: \"id\" is not supported (references resolve against this document only)";
+      return;
+    }
+    const auto* ref = node.if_contains("$ref");
+    if (ref == nullptr || !ref->is_string()) return;
+    if (refs.size() == kMaxReferences) {
+      refusal = "more than " + std::to_string(kMaxReferences) + " references (\"$ref\")";
+      return;
+    }
+    refs.push_back(Reference{where, {}, std::string(ref->get_string()), 0});
+  });
+  if (refusal) return refusal;
   if (refs.empty()) return std::nullopt;
+  std::map<Pointer, std::size_t> valuesAt;  // by target, counted once
   for (auto& ref : refs) {
     auto resolved = resolve(document, ref.text);
     if (!resolved) {
       return pointerText(ref.at) + "/$ref: \"" + ref.text + "\": " + resolved.error();
     }
     ref.target = std::move(resolved->first);
-    ref.valuesBelow = countValues(*resolved->second);
+    auto [counted, fresh] = valuesAt.try_emplace(ref.target, 0);
+    if (fresh) counted->second = countValues(*resolved->second);
+    ref.valuesBelow = counted->second;
   }
   // Following reference i reaches every reference inside its target's subtree. A cycle in that
   // graph is a schema that never ends; without one, the expansion is finite and counted.
@@ -190,7 +264,6 @@ std::optional<std::string> checkReferences(const boost::json::value& document) {
   enum class Mark { unseen, open, done };
   std::vector<Mark> mark(n, Mark::unseen);
   std::vector<std::size_t> expanded(n, 0);  // values of the target written out in full
-  std::optional<std::string> refusal;
   auto visit = [&](auto&& self, std::size_t i) -> void {
     mark[i] = Mark::open;
     std::size_t total = refs[i].valuesBelow;
@@ -217,7 +290,7 @@ std::optional<std::string> checkReferences(const boost::json::value& document) {
     if (mark[i] == Mark::unseen) visit(visit, i);
   }
   if (refusal) return refusal;
-  std::size_t total = countValues(document);
+  std::size_t total = documentValues;
   for (std::size_t i = 0; i < n; ++i) {
     total += expanded[i];
     if (total > kMaxExpandedValues) {
@@ -228,7 +301,28 @@ std::optional<std::string> checkReferences(const boost::json::value& document) {
   return std::nullopt;
 }
 
+std::shared_ptr<const valijson::Schema> parseSchema(const boost::json::value& document) {
+  auto parsed = std::make_shared<valijson::Schema>();
+  valijson::SchemaParser parser(valijson::SchemaParser::kDraft7);
+  valijson::adapters::BoostJsonAdapter adapter(document);
+  parser.populateSchema(adapter, *parsed);
+  return parsed;
+}
+
 }  // namespace
+
+void forEachSubschema(
+    const boost::json::value& schema,
+    const std::function<void(const boost::json::object&, const std::string&)>& visit) {
+  Pointer at;
+  visitSchema(schema, at, [&](const boost::json::object& node, const Pointer& where) {
+    visit(node, pointerText(where));
+  });
+}
+
+boost::json::value withoutKeyword(const boost::json::value& schema, std::string_view keyword) {
+  return strip(schema, keyword);
+}
 
 std::string SchemaViolation::describe(std::string_view what) const {
   return std::string(what) + path + ": " + reason;
@@ -241,30 +335,37 @@ boost::system::result<JsonSchema, SchemaError> JsonSchema::compile(const boost::
   if (auto refused = checkReferences(schema)) return SchemaError{*refused};
   JsonSchema compiled;
   compiled.document_ = std::make_shared<const boost::json::value>(schema);
-  auto parsed = std::make_shared<valijson::Schema>();
   try {
-    valijson::SchemaParser parser(valijson::SchemaParser::kDraft7);
-    valijson::adapters::BoostJsonAdapter adapter(*compiled.document_);
-    parser.populateSchema(adapter, *parsed);
+    compiled.schema_ = parseSchema(*compiled.document_);
+    compiled.diagnosticDocument_ =
+        std::make_shared<const boost::json::value>(strip(schema, "uniqueItems"));
+    compiled.diagnostic_ = parseSchema(*compiled.diagnosticDocument_);
   } catch (const std::exception& error) {
     return SchemaError{std::string("invalid JSON Schema: ") + error.what()};
   }
-  compiled.schema_ = std::move(parsed);
   return compiled;
 }
 
 std::optional<SchemaViolation> JsonSchema::validate(const boost::json::value& instance) const {
-  // valijson's Validator caches regexes in itself, so each validation gets its own.
-  valijson::Validator validator;
-  valijson::ValidationResults results;
   valijson::adapters::BoostJsonAdapter adapter(instance);
-  bool ok = false;
+  // First without collecting errors: valijson then stops at the first constraint that fails
+  // (maxItems before uniqueItems). valijson's Validator caches regexes in itself, so each
+  // validation gets its own.
   try {
-    ok = validator.validate(*schema_, adapter, &results);
+    valijson::Validator validator;
+    if (validator.validate(*schema_, adapter, nullptr)) return std::nullopt;
   } catch (const std::exception& error) {
     return SchemaViolation{"", std::string("could not be validated: ") + error.what()};
   }
-  if (ok) return std::nullopt;
+  // Then for the message, without uniqueItems (collecting errors, valijson would compare and
+  // record every pair of items).
+  valijson::ValidationResults results;
+  try {
+    valijson::Validator validator;
+    validator.validate(*diagnostic_, adapter, &results);
+  } catch (const std::exception& error) {
+    return SchemaViolation{"", std::string("could not be validated: ") + error.what()};
+  }
   // The deepest error is the most specific one.
   valijson::ValidationResults::Error error;
   std::optional<SchemaViolation> best;
@@ -275,7 +376,8 @@ std::optional<SchemaViolation> JsonSchema::validate(const boost::json::value& in
       bestDepth = error.context.size();
     }
   }
-  if (!best) best = SchemaViolation{"", "does not match the schema"};
+  if (!best)
+    best = SchemaViolation{"", "an array whose items must be unique (uniqueItems) holds one twice"};
   return best;
 }
 

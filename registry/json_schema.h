@@ -5,9 +5,11 @@
 #include <boost/json/value.hpp>
 #include <boost/system/result.hpp>
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 
 namespace valijson {
 class Schema;
@@ -25,6 +27,18 @@ struct SchemaError {
   std::string detail;
 };
 
+// Every place of `schema` where a schema stands (the root, a "properties" member, an "allOf"
+// entry, ...), as valijson reads draft 7: the values of "enum", "const", "default" and
+// "examples" are data and never visited, whatever their shape; a member named "enum" under
+// "properties" is a schema and is. Unknown keywords are visited as schemas (a reference may
+// lead into them). `visit(node, pointer)` gets each object among them with its JSON pointer.
+void forEachSubschema(
+    const boost::json::value& schema,
+    const std::function<void(const boost::json::object&, const std::string&)>& visit);
+
+// `schema` without `keyword` wherever a schema stands (data such as "enum" values untouched).
+boost::json::value withoutKeyword(const boost::json::value& schema, std::string_view keyword);
+
 class JsonSchema {
  public:
   static boost::system::result<JsonSchema, SchemaError> compile(const boost::json::value& schema);
@@ -37,6 +51,10 @@ class JsonSchema {
  private:
   std::shared_ptr<const boost::json::value> document_;
   std::shared_ptr<const valijson::Schema> schema_;
+  // The same without "uniqueItems", for the message: collecting every error, valijson compares
+  // (and records) every pair of an array's items even when maxItems already failed.
+  std::shared_ptr<const boost::json::value> diagnosticDocument_;
+  std::shared_ptr<const valijson::Schema> diagnostic_;
 };
 
 }  // namespace toolhost::registry

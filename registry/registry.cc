@@ -21,6 +21,8 @@ namespace {
 constexpr std::string_view kManifestsTable = "tool_manifests";
 constexpr std::string_view kRevisionsTable = "tool_revisions";
 constexpr std::string_view kHistoryTable = "tool_history";
+// uniqueItems compares every pair of an array's items: only beside a maxItems this small.
+constexpr int kMaxUniqueItems = 100;
 constexpr std::string_view kBindingsTable = "tool_bindings";
 constexpr std::string_view kSettingsTable = "tool_settings";
 constexpr std::string_view kCurrentSettingsTable = "tool_current_settings";
@@ -38,67 +40,42 @@ std::optional<json::object> parseObject(std::string_view text) {
 // A write callback aborts with this code when the reason is a registry outcome kept aside.
 boost::system::error_code aborted() { return store::StoreErrc::aborted; }
 
-void collectRefusedKeywords(const json::value& schema, const std::string& path,
-                            std::optional<RegistryError>& refusal) {
-  if (refusal) return;
-  if (const auto* object = schema.if_object()) {
-    for (const auto& [key, value] : *object) {
-      std::string here = path + "/" + std::string(key);
-      if ((key == "pattern" || key == "patternProperties") && !refusal) {
+// The keywords toolhost refuses in a tool's schema, wherever a schema stands (a property named
+// "pattern" is no keyword; a schema under a property named "enum" is a schema).
+std::optional<RegistryError> refusedKeyword(const json::value& schema, const std::string& where) {
+  std::optional<RegistryError> refusal;
+  forEachSubschema(schema, [&](const json::object& node, const std::string& pointer) {
+    if (refusal) return;
+    const std::string here = where + pointer;
+    for (const char* key : {"pattern", "patternProperties"}) {
+      if (node.contains(key)) {
         refusal = RegistryError{RegistryErrc::invalidDefinition,
-                                here + ": regular expressions are not evaluated by toolhost (the "
-                                       "engine available can be driven to exponential time or "
-                                       "stack exhaustion by a hostile argument); check the format "
-                                       "in the tool instead"};
+                                here + "/" + key +
+                                    ": regular expressions are not evaluated by toolhost (the "
+                                    "engine available can be driven to exponential time or "
+                                    "stack exhaustion by a hostile argument); check the format "
+                                    "in the tool instead"};
         return;
       }
-      if (key == "uniqueItems" && value == true) {
-        const auto* maxItems = object->if_contains("maxItems");
-        if (maxItems == nullptr || !maxItems->is_number() || maxItems->to_number<double>() > 1000) {
-          refusal = RegistryError{RegistryErrc::invalidDefinition,
-                                  here + ": uniqueItems needs a maxItems of at most 1000 beside "
-                                         "it (checking uniqueness takes quadratic time)"};
-          return;
-        }
-      }
-      if (key == "$ref" && value.is_string() && !value.get_string().starts_with("#")) {
+    }
+    if (const auto* unique = node.if_contains("uniqueItems"); unique && *unique == true) {
+      const auto* maxItems = node.if_contains("maxItems");
+      if (maxItems == nullptr || !maxItems->is_number() ||
+          maxItems->to_number<double>() > kMaxUniqueItems) {
         refusal = RegistryError{RegistryErrc::invalidDefinition,
-                                here + ": only local references (\"#/...\") are resolved"};
+                                here + "/uniqueItems: uniqueItems needs a maxItems of at most " +
+                                    std::to_string(kMaxUniqueItems) +
+                                    " beside it (checking uniqueness takes quadratic time)"};
         return;
       }
-      // Inside "enum", "const", "default" and "examples" values are data, not schemas.
-      if (key == "enum" || key == "const" || key == "default" || key == "examples") continue;
-      collectRefusedKeywords(value, here, refusal);
     }
-  } else if (const auto* array = schema.if_array()) {
-    std::size_t index = 0;
-    for (const auto& item : *array) {
-      collectRefusedKeywords(item, path + "/" + std::to_string(index++), refusal);
+    if (const auto* ref = node.if_contains("$ref");
+        ref && ref->is_string() && !ref->get_string().starts_with("#")) {
+      refusal = RegistryError{RegistryErrc::invalidDefinition,
+                              here + "/$ref: only local references (\"#/...\") are resolved"};
     }
-  }
-}
-
-// `format` is an annotation (as in JSON Schema 2019-09 and later); valijson would check some
-// formats with std::regex, so it never sees them.
-json::value withoutFormats(const json::value& schema) {
-  if (const auto* object = schema.if_object()) {
-    json::object out;
-    for (const auto& [key, value] : *object) {
-      if (key == "format" && value.is_string()) continue;
-      if (key == "enum" || key == "const" || key == "default" || key == "examples") {
-        out[key] = value;
-      } else {
-        out[key] = withoutFormats(value);
-      }
-    }
-    return out;
-  }
-  if (const auto* array = schema.if_array()) {
-    json::array out;
-    for (const auto& item : *array) out.push_back(withoutFormats(item));
-    return out;
-  }
-  return schema;
+  });
+  return refusal;
 }
 
 }  // namespace
@@ -130,10 +107,10 @@ Result<JsonSchema> compileToolSchema(const json::value& schema, std::string_view
   if (!schema.is_object()) {
     return RegistryError{RegistryErrc::invalidDefinition, std::string(where) + ": must be a JSON Schema object"};
   }
-  std::optional<RegistryError> refusal;
-  collectRefusedKeywords(schema, std::string(where), refusal);
-  if (refusal) return *refusal;
-  auto compiled = JsonSchema::compile(withoutFormats(schema));
+  if (auto refusal = refusedKeyword(schema, std::string(where))) return *refusal;
+  // `format` is an annotation (as in JSON Schema 2019-09 and later); valijson would check some
+  // formats with std::regex, so it never sees them.
+  auto compiled = JsonSchema::compile(withoutKeyword(schema, "format"));
   if (!compiled) {
     return RegistryError{RegistryErrc::invalidDefinition, std::string(where) + ": " + compiled.error().detail};
   }

@@ -600,6 +600,25 @@ TEST_CASE(
   CHECK(inbox[3].params.at("scope") == "session");
 }
 
+TEST_CASE("authorize: requests whose cut-short detail matches but whole path differs ask apart",
+          "[policy][approvals]") {
+  World world;
+  std::vector<Notice> inbox;
+  world.addApprover(1, inbox);
+  for (const char* path : {"/a/long/path/one", "/a/long/path/two", "/a/long/path/one"}) {
+    auto request = requestFor(fetchKey(kRevA, "https://api.example", AccessClass::write));
+    request.detail = "POST /a/long/...";
+    request.sameAs = std::string("POST ") + path;
+    asio::co_spawn(world.io, world.broker.authorize(std::move(request), 5s),
+                   [](std::exception_ptr, Decision) {});
+  }
+  world.io.poll();
+  CHECK(inbox.size() == 2);
+  CHECK(world.broker.pendingPrompts().size() == 2);
+  world.broker.removeApprover(1);
+  world.io.run();
+}
+
 TEST_CASE("authorize: cancellation withdraws the prompt, the last approver leaving denies",
           "[policy][approvals]") {
   World world;

@@ -383,6 +383,37 @@ TEST_CASE("manifest refusals name the field and the reason", "[registry]") {
     m["parameters"] = json::parse(recursive);
     refused(m, "leads back to itself");
   }
+  // Also where a schema stands under a property named like a data keyword, or a reference
+  // leads into data, or a pointer has an empty token (which valijson skips).
+  for (
+      const char* hidden :
+      {R"({"type":"object","properties":{"enum":{"allOf":[{"$ref":"#/properties/enum"}]}}})",
+       R"({"type":"object","definitions":{"default":{"not":{"$ref":"#/definitions/default"}}}})"}) {
+    m = manifest();
+    m["parameters"] = json::parse(hidden);
+    refused(m, "leads back to itself");
+  }
+  m = manifest();
+  m["parameters"] = json::parse(
+      R"({"type":"object","$ref":"#/enum/0","enum":[{"allOf":[{"$ref":"#/enum/0"}]}]})");
+  refused(m, "leads into the data of \"enum\"");
+  m = manifest();
+  m["parameters"] = json::parse(R"({"type":"object","properties":{"x":{"$ref":"#/definitions/a"}},
+      "definitions":{"a":{"":{},"allOf":[{"$ref":"#/definitions/a/"}]}}})");
+  refused(m, "empty tokens");
+  m = manifest();
+  m["parameters"] = json::parse(
+      R"({"type":"object","properties":{"default":{"type":"string","pattern":"^(a|b)*$"}}})");
+  refused(m, "manifest/parameters/properties/default/pattern");
+  m = manifest();
+  m["parameters"] = json::parse(
+      R"({"type":"object","properties":{"enum":{"type":"array","uniqueItems":true,"maxItems":101}}})");
+  refused(m, "at most 100");
+  // A property named "pattern" is no keyword.
+  m = manifest();
+  m["parameters"] = json::parse(R"({"type":"object","properties":{"pattern":{"type":"string"}}})");
+  CHECK(registry.install(m).has_value());
+
   json::object definitions;
   for (int level = 0; level < 20; ++level) {
     const std::string next = "#/definitions/d" + std::to_string(level + 1);
@@ -559,4 +590,21 @@ TEST_CASE("parameters may share definitions through local references", "[registr
       parameters.validate(json::parse(R"({"from":{"city":"Paris"},"via":[{"city":""}]})"));
   REQUIRE(violation);
   CHECK(violation->path == "/via/0/city");
+}
+
+TEST_CASE("an over-long array against uniqueItems fails at maxItems without comparing its items",
+          "[registry]") {
+  auto schema = JsonSchema::compile(json::parse(
+      R"({"type":"object","properties":{"tags":{"type":"array","maxItems":10,"uniqueItems":true}}})"));
+  REQUIRE(schema.has_value());
+  json::array tags;
+  for (int i = 0; i < 20000; ++i) tags.emplace_back("same");
+  // Collecting every error, valijson would record each of the 2 * 10^8 equal pairs.
+  auto violation = schema->validate(json::object{{"tags", tags}});
+  REQUIRE(violation);
+  CHECK(violation->path == "/tags");
+  auto repeated = schema->validate(json::parse(R"({"tags":["a","b","a"]})"));
+  REQUIRE(repeated);
+  CHECK_THAT(repeated->reason, Catch::Contains("unique"));
+  CHECK_FALSE(schema->validate(json::parse(R"({"tags":["a","b"]})")));
 }

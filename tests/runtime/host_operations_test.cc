@@ -898,7 +898,8 @@ TEST_CASE("a call's outstanding requests hold at most kMaxOutstandingRequestByte
       const again = await fetch('https://api.example/again', { method: 'POST', body });
       return { first, again: again.status };
     })",
-                       limits({{"wallMs", 20000}}));
+                       // Copying 70 MiB of bodies takes seconds of CPU under the sanitizers.
+                       limits({{"wallMs", 120000}, {"cpuMs", 120000}}));
   auto outcome = f.call(tool);
   INFO(describe(outcome));
   REQUIRE(outcome.result);

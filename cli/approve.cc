@@ -3,10 +3,12 @@
 #include "cli/client.h"
 
 #include <poll.h>
+#include <termios.h>
 #include <unistd.h>
 #include <boost/json/value.hpp>
 
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <deque>
 #include <optional>
@@ -19,6 +21,9 @@ namespace json = boost::json;
 namespace {
 
 constexpr int kExitDone = kExitResult;
+// On a terminal, input read this soon after a request appears is not taken as its answer: it was
+// typed for what was on the screen before.
+constexpr auto kSettleTime = std::chrono::milliseconds(500);
 
 constexpr std::string_view kChoices =
     "Answer: [a] allow once  [s] allow for this session  [A] allow always  [d] deny once  "
@@ -54,6 +59,11 @@ std::string text(const json::value* value) {
 
 std::string member(const json::object& object, std::string_view name) {
   return text(object.if_contains(name));
+}
+
+// A member as it may be shown: what a tool's manifest, code or server chose is in the prompt.
+std::string shown(const json::object& object, std::string_view name) {
+  return terminalSafe(member(object, name));
 }
 
 void say(const std::string& line) {
@@ -150,14 +160,14 @@ class Approver {
     auto resolution = member(params, "resolution");
     std::string words;
     if (resolution == "decided") {
-      words = "answered by another approver: " + member(params, "verdict") + " " +
-              member(params, "scope");
+      words = "answered by another approver: " + shown(params, "verdict") + " " +
+              shown(params, "scope");
     } else if (resolution == "timeout") {
       words = "nobody answered in time; denied";
     } else if (resolution == "withdrawn") {
       words = "the tool no longer waits for it";
     } else {
-      words = member(params, "reason");
+      words = shown(params, "reason");
     }
     say("\nRequest " + std::to_string(shownNumber_) + " is settled: " + words + ".\n");
     current_.reset();
@@ -167,12 +177,12 @@ class Approver {
     ++shownNumber_;
     std::string toolName, revision;
     if (const auto* tool = prompt.if_contains("tool"); tool && tool->is_object()) {
-      toolName = member(tool->as_object(), "name");
-      revision = member(tool->as_object(), "revision");
+      toolName = shown(tool->as_object(), "name");
+      revision = shown(tool->as_object(), "revision");
     }
-    auto action = member(prompt, "action");
-    auto target = member(prompt, "target");
-    auto access = member(prompt, "access");
+    auto action = shown(prompt, "action");
+    auto target = shown(prompt, "target");
+    auto access = shown(prompt, "access");
     std::string what;
     if (action == "fetch") {
       what = "wants to " + std::string(access == "write" ? "send data to" : "read from") + " " +
@@ -196,17 +206,27 @@ class Approver {
       isPrivate = flag->get_bool();
     }
     if (isPrivate) {
-      out += "  PRIVATE destination: " + member(prompt, "privateRange") +
+      out += "  PRIVATE destination: " + shown(prompt, "privateRange") +
              " (a range the operator opened)\n";
     } else {
       out += "  destination: public\n";
     }
-    if (auto detail = member(prompt, "detail"); !detail.empty())
-      out += "  detail: " + detail + "\n";
-    if (auto expires = member(prompt, "expiresAt"); !expires.empty()) {
+    if (auto detail = shown(prompt, "detail"); !detail.empty()) out += "  detail: " + detail + "\n";
+    if (auto expires = shown(prompt, "expiresAt"); !expires.empty()) {
       out += "  denied unless answered by " + expires + "\n";
     }
     out += std::string(kChoices) + "\n> ";
+    // On a terminal, nothing typed before this request was shown answers it: what was typed for
+    // the one before (settled meanwhile by another approver, or typed ahead) is dropped, and so
+    // is input that arrives in the first moments after it appears.
+    if (interactive_) {
+      ::tcflush(STDIN_FILENO, TCIFLUSH);
+      if (!input_.empty()) {
+        input_.clear();
+        out = "(input typed before this request was shown is ignored)\n" + out;
+      }
+      shownAt_ = std::chrono::steady_clock::now();
+    }
     say(out);
   }
 
@@ -220,6 +240,11 @@ class Approver {
     if (n < 0 && (errno == EINTR || errno == EAGAIN)) return;
     if (n <= 0) {
       inputEnded_ = true;
+      return;
+    }
+    if (interactive_ && current_ && std::chrono::steady_clock::now() - shownAt_ < kSettleTime) {
+      say("(ignored: typed as request " + std::to_string(shownNumber_) +
+          " appeared; read it, then answer)\n> ");
       return;
     }
     input_.append(chunk, static_cast<std::size_t>(n));
@@ -272,6 +297,7 @@ class Approver {
   bool inputEnded_ = false;
   bool interactive_ = false;
   std::uint64_t shownNumber_ = 0;
+  std::chrono::steady_clock::time_point shownAt_;
 };
 
 }  // namespace

@@ -125,6 +125,43 @@ boost::system::result<json::object, ClientError> Client::call(const std::string&
   }
 }
 
+std::string terminalSafe(std::string_view text) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(text.size());
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const auto byte = static_cast<unsigned char>(text[i]);
+    if (byte < 0x20 || byte == 0x7f) {
+      out += "\\x";
+      out += kHex[byte >> 4];
+      out += kHex[byte & 15];
+      continue;
+    }
+    // U+0080..U+009F (C1 controls) and U+202A..U+202E, U+2066..U+2069 (bidirectional
+    // embeddings, overrides and isolates), in UTF-8.
+    std::optional<unsigned> code;
+    if (byte == 0xC2 && i + 1 < text.size()) {
+      const auto next = static_cast<unsigned char>(text[i + 1]);
+      if (next >= 0x80 && next <= 0x9F) code = next;
+    } else if (byte == 0xE2 && i + 2 < text.size()) {
+      const auto b1 = static_cast<unsigned char>(text[i + 1]);
+      const auto b2 = static_cast<unsigned char>(text[i + 2]);
+      const unsigned point = 0x2000u + ((b1 & 0x3Fu) << 6) + (b2 & 0x3Fu);
+      if ((b1 == 0x80 && b2 >= 0xAA && b2 <= 0xAE) || (b1 == 0x81 && b2 >= 0xA6 && b2 <= 0xA9)) {
+        code = point;
+      }
+    }
+    if (code) {
+      out += "\\u";
+      for (int shift = 12; shift >= 0; shift -= 4) out += kHex[(*code >> shift) & 15];
+      i += *code < 0x100 ? 1 : 2;
+      continue;
+    }
+    out += text[i];
+  }
+  return out;
+}
+
 std::string errorDetail(const boost::json::object& response) {
   const auto* error = response.if_contains("error");
   if (error == nullptr || !error->is_object()) return "unknown error";
@@ -132,11 +169,11 @@ std::string errorDetail(const boost::json::object& response) {
   if (const auto* data = object.if_contains("data"); data && data->is_object()) {
     if (const auto* detail = data->as_object().if_contains("detail");
         detail && detail->is_string() && !detail->get_string().empty()) {
-      return std::string(detail->get_string());
+      return terminalSafe(detail->get_string());
     }
   }
   if (const auto* message = object.if_contains("message"); message && message->is_string()) {
-    return std::string(message->get_string());
+    return terminalSafe(message->get_string());
   }
   return "unknown error";
 }

@@ -60,6 +60,11 @@ class Client {
 // The words of a JSON-RPC error response for people: error.data.detail, else error.message.
 std::string errorDetail(const boost::json::object& response);
 
+// `text` safe to print on a terminal: control characters (C0, DEL, C1) and the bidirectional
+// overrides that reorder what is shown are written as \xNN or \uNNNN, so text a tool or a
+// remote server chose cannot move the cursor, erase a line or disguise itself in a prompt.
+std::string terminalSafe(std::string_view text);
+
 // Calls `method` (a subscription: policy.subscribe, popup.subscribe) and answers its result
 // object, or the exit code after saying on stderr why `role` could not be taken up.
 boost::system::result<boost::json::object, int> subscribe(Client& client, const std::string& method,

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdlib>
+#include <initializer_list>
 #include <sstream>
 #include <type_traits>
 
@@ -71,6 +72,42 @@ std::optional<ConfigError> readCount(const toml::table& table, const std::string
                           " to " + std::to_string(high));
   }
   out = static_cast<T>(*value);
+  return std::nullopt;
+}
+
+// A section (when present) must be a table holding only `keys`: anything else is a typo, which
+// would otherwise leave the setting at its default without a word.
+std::optional<ConfigError> checkSection(const toml::table& table, const std::string& file,
+                                        const char* section,
+                                        std::initializer_list<std::string_view> keys) {
+  const toml::node* node = table.get(section);
+  if (node == nullptr) return std::nullopt;
+  const toml::table* fields = node->as_table();
+  if (fields == nullptr) {
+    return fail(file, where(*node, section) + " must be a table ([" + section + "])");
+  }
+  for (const auto& [key, value] : *fields) {
+    if (std::find(keys.begin(), keys.end(), key.str()) != keys.end()) continue;
+    std::string known;
+    for (auto name : keys) known += (known.empty() ? "" : ", ") + std::string(name);
+    return fail(file, where(value, std::string(section) + "." + std::string(key.str())) +
+                          " is not a known key" +
+                          (known.empty() ? " (the section has none yet)" : "; use " + known));
+  }
+  return std::nullopt;
+}
+
+// A string setting: absent, or a string (a number or a table there is an error, not a default).
+std::optional<ConfigError> readString(const toml::table& table, const std::string& file,
+                                      const char* section, const char* key,
+                                      std::optional<std::string>& out) {
+  const toml::node* node = table[section][key].node();
+  if (node == nullptr) return std::nullopt;
+  auto value = node->value_exact<std::string>();
+  if (!value) {
+    return fail(file, where(*node, std::string(section) + "." + key) + " must be a string");
+  }
+  out = std::move(*value);
   return std::nullopt;
 }
 
@@ -257,20 +294,36 @@ std::optional<ConfigError> readAccess(const toml::table& table, const std::strin
   for (const toml::node& item : *rules) {
     const toml::table* rule = item.as_table();
     if (rule == nullptr) return fail(file, where(item, "access") + " entries must be tables");
+    for (const auto& [key, value] : *rule) {
+      static constexpr std::array<std::string_view, 5> kKeys{"user", "uid", "group", "gid",
+                                                             "roles"};
+      if (std::find(kKeys.begin(), kKeys.end(), key.str()) == kKeys.end()) {
+        return fail(file, where(value, "access." + std::string(key.str())) +
+                              " is not a known key; use user, uid, group, gid or roles");
+      }
+    }
     AccessRule parsed;
     if (auto user = (*rule)["user"].value<std::string>()) {
       parsed.uid = lookupUser(*user);
       if (!parsed.uid) return fail(file, where(item, "access.user") + ": no user \"" + *user + "\"");
-    } else if (auto uid = (*rule)["uid"].value<std::int64_t>()) {
-      parsed.uid = static_cast<uid_t>(*uid);
+    } else if (const toml::node* uid = (*rule)["uid"].node()) {
+      auto value = uid->value_exact<std::int64_t>();
+      if (!value || *value < 0 || *value >= 4294967295) {
+        return fail(file, where(*uid, "access.uid") + " must be an integer from 0 to 4294967294");
+      }
+      parsed.uid = static_cast<uid_t>(*value);
     }
     if (auto groupName = (*rule)["group"].value<std::string>()) {
       parsed.gid = lookupGroup(*groupName);
       if (!parsed.gid) {
         return fail(file, where(item, "access.group") + ": no group \"" + *groupName + "\"");
       }
-    } else if (auto gid = (*rule)["gid"].value<std::int64_t>()) {
-      parsed.gid = static_cast<gid_t>(*gid);
+    } else if (const toml::node* gid = (*rule)["gid"].node()) {
+      auto value = gid->value_exact<std::int64_t>();
+      if (!value || *value < 0 || *value >= 4294967295) {
+        return fail(file, where(*gid, "access.gid") + " must be an integer from 0 to 4294967294");
+      }
+      parsed.gid = static_cast<gid_t>(*value);
     }
     if (!parsed.uid && !parsed.gid) {
       return fail(file, where(item, "access") + " needs one of user, uid, group or gid");
@@ -358,12 +411,56 @@ Result loadConfig(const CommandLine& commandLine) {
       }
       if (!known) return fail(file, where(value, std::string(key.str())) + " is not a known section");
     }
-    if (auto socket = table["server"]["socket"].value<std::string>()) configSocket = *socket;
-    if (auto groupName = table["server"]["socket_group"].value<std::string>()) {
+    for (auto error : {
+             checkSection(table, file, "server",
+                          {"socket", "socket_group", "io_threads", "shutdown_grace_ms"}),
+             checkSection(table, file, "state", {"dir"}),
+             checkSection(table, file, "store", {"map_size_mb"}),
+             checkSection(table, file, "limits",
+                          {"max_message_bytes", "max_depth", "max_batch", "max_in_flight"}),
+             checkSection(table, file, "log", {"level", "format"}),
+             checkSection(table, file, "policy", {"prompt_timeout_ms", "audit_max_entries"}),
+             checkSection(table, file, "popup", {}),
+             checkSection(table, file, "runtime",
+                          {"workers",
+                           "max_retained",
+                           "memory_budget_mb",
+                           "max_queued_per_sandbox",
+                           "processes",
+                           "prewarmed",
+                           "kill_grace_ms",
+                           "max_restarts",
+                           "restart_window_ms",
+                           "default_wall_ms",
+                           "default_cpu_ms",
+                           "default_heap_mb",
+                           "default_array_buffer_mb",
+                           "default_stack_kb",
+                           "default_output_bytes",
+                           "max_wall_ms",
+                           "max_cpu_ms",
+                           "max_heap_mb",
+                           "max_array_buffer_mb",
+                           "max_stack_kb",
+                           "max_output_bytes",
+                           "jit"}),
+         }) {
+      if (error) return *error;
+    }
+    std::optional<std::string> socket, groupName, dir, level, format;
+    for (auto error : {readString(table, file, "server", "socket", socket),
+                       readString(table, file, "server", "socket_group", groupName),
+                       readString(table, file, "state", "dir", dir),
+                       readString(table, file, "log", "level", level),
+                       readString(table, file, "log", "format", format)}) {
+      if (error) return *error;
+    }
+    if (socket) configSocket = *socket;
+    if (groupName) {
       config.socketGroup = lookupGroup(*groupName);
       if (!config.socketGroup) return fail(file, "server.socket_group: no group \"" + *groupName + "\"");
     }
-    if (auto dir = table["state"]["dir"].value<std::string>()) configState = *dir;
+    if (dir) configState = *dir;
     std::int64_t graceMs = config.shutdownGrace.count();
     for (auto error : {
              readCount(table, file, "server", "io_threads", config.ioThreads, 1, 64),
@@ -392,13 +489,13 @@ Result loadConfig(const CommandLine& commandLine) {
     if (auto error = readFetch(table, file, config.fetch)) return *error;
     if (auto error = readStorage(table, file, config.storage)) return *error;
     if (auto error = readSecrets(table, file, config.secrets)) return *error;
-    if (auto level = table["log"]["level"].value<std::string>()) {
+    if (level) {
       if (!validLogLevel(*level)) {
         return fail(file, "log.level must be trace, debug, info, warn, error, critical or off");
       }
       config.logLevel = *level;
     }
-    if (auto format = table["log"]["format"].value<std::string>()) {
+    if (format) {
       auto parsed = parseLogFormat(*format);
       if (!parsed) return fail(file, "log.format must be auto, text or json");
       config.logFormat = *parsed;
@@ -556,6 +653,34 @@ ConfigChanges reconcileReload(const Config& running, Config& next) {
     restart.push_back(std::string("log.format: ") + logFormatName(running.logFormat) + " -> " +
                       logFormatName(next.logFormat));
   }
+  // [runtime] is read once, when the sandbox pool starts.
+  const runtime::RuntimeConfig& was = running.runtime;
+  const runtime::RuntimeConfig& now = next.runtime;
+  compare(restart, "runtime.workers", was.workers, now.workers);
+  compare(restart, "runtime.max_retained", was.maxRetained, now.maxRetained);
+  compare(restart, "runtime.memory_budget_mb", was.memoryBudgetMb, now.memoryBudgetMb);
+  compare(restart, "runtime.max_queued_per_sandbox", was.maxQueuedPerSandbox,
+          now.maxQueuedPerSandbox);
+  compare(restart, "runtime.processes", was.processes, now.processes);
+  compare(restart, "runtime.prewarmed", was.prewarmed, now.prewarmed);
+  compare(restart, "runtime.kill_grace_ms", was.killGraceMs, now.killGraceMs);
+  compare(restart, "runtime.max_restarts", was.maxRestarts, now.maxRestarts);
+  compare(restart, "runtime.restart_window_ms", was.restartWindowMs, now.restartWindowMs);
+  compare(restart, "runtime.jit", was.jit, now.jit);
+  const std::pair<const char*, std::optional<std::int64_t> runtime::CallLimits::*> limits[] = {
+      {"wall_ms", &runtime::CallLimits::wallMs},
+      {"cpu_ms", &runtime::CallLimits::cpuMs},
+      {"heap_mb", &runtime::CallLimits::heapMb},
+      {"array_buffer_mb", &runtime::CallLimits::arrayBufferMb},
+      {"stack_kb", &runtime::CallLimits::stackKb},
+      {"output_bytes", &runtime::CallLimits::outputBytes}};
+  for (const auto& [name, field] : limits) {
+    compare(restart, (std::string("runtime.default_") + name).c_str(),
+            (was.defaults.*field).value_or(0), (now.defaults.*field).value_or(0));
+    compare(restart, (std::string("runtime.max_") + name).c_str(), (was.caps.*field).value_or(0),
+            (now.caps.*field).value_or(0));
+  }
+  next.runtime = running.runtime;
   next.socketPath = running.socketPath;
   next.socketGroup = running.socketGroup;
   next.stateDir = running.stateDir;

@@ -112,8 +112,10 @@ bool validSecretName(std::string_view name) {
 bool validEndpoint(std::string_view endpoint) {
   if (endpoint.starts_with("unix:")) {
     auto path = endpoint.substr(5);
+    // No control characters: the path is shown to approvers and written to logs.
     return path.size() > 1 && path.size() <= 107 && path.front() == '/' &&
-           path.find('\0') == std::string_view::npos;
+           std::none_of(path.begin(), path.end(),
+                        [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; });
   }
   auto parsed = boost::urls::parse_absolute_uri(endpoint);
   if (!parsed) return false;

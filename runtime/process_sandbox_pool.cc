@@ -540,7 +540,9 @@ void ProcessSandboxPool::Impl::submit(json::object message, registry::ToolRevisi
             const auto now = Clock::now();
             const auto window = milliseconds(config.restartWindowMs);
             while (!ends.empty() && now - ends.front() >= window) ends.pop_front();
-            if (config.maxRestarts > 0 && ends.size() >= config.maxRestarts) {
+            // max_restarts restarts, so the process may end that many times and be replaced;
+            // one more end within the window and calls fail fast.
+            if (config.maxRestarts > 0 && ends.size() > config.maxRestarts) {
               refused =
                   CallError{CallErrc::sandboxCrashed,
                             "the sandbox process for this tool ended unexpectedly " +

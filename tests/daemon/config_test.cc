@@ -95,6 +95,21 @@ TEST_CASE("config errors name the key and what is wrong", "[config]") {
   check("[runtime]\njit = \"yes\"\n", "must be true or false");
   check("[runtime]\njit = 1\n", "must be true or false");
   check("[runtime]\nprewarmed = 65\n", "runtime.prewarmed");
+  // A typo or a wrong type is an error, never a silent default.
+  check("[limits]\nmax_inflight = 4\n", "limits.max_inflight (line 2) is not a known key");
+  check("[runtime]\nmax_restart = 3\n", "runtime.max_restart (line 2) is not a known key");
+  check("[server]\nshutdown_grace = 5\n", "server.shutdown_grace (line 2) is not a known key");
+  check("[policy]\nprompt_timeout = 5\n", "policy.prompt_timeout (line 2) is not a known key");
+  check("[popup]\nanything = 1\n", "the section has none yet");
+  check("runtime = 5\n", "must be a table ([runtime])");
+  check("[log]\nlevel = 5\n", "log.level (line 2) must be a string");
+  check("[server]\nsocket = 5\n", "server.socket (line 2) must be a string");
+  check("[server]\nsocket_group = 0\n", "server.socket_group (line 2) must be a string");
+  check("[[access]]\nuid = -1\nroles = [\"agent\"]\n", "must be an integer from 0 to 4294967294");
+  check("[[access]]\ngid = 4294967295\nroles = [\"agent\"]\n",
+        "must be an integer from 0 to 4294967294");
+  check("[[access]]\nuid = 5\nrole = [\"agent\"]\n",
+        "is not a known key; use user, uid, group, gid or roles");
 }
 
 TEST_CASE("[runtime]: V8 --jitless and two pre-warmed shells unless the file says otherwise",
@@ -185,4 +200,16 @@ TEST_CASE("[fetch]: opened ranges, the extra CA file, limits, what a reload appl
   CHECK(next.fetch.timeout == std::chrono::milliseconds(100));
   CHECK(next.fetch.allowPrivate.size() == 2);
   CHECK(next.fetch.extraCaFile == ca.path);
+
+  // [runtime] is read at start: a reload says which of its settings wait for a restart.
+  Config changed = *config;
+  changed.runtime.maxRestarts = config->runtime.maxRestarts + 1;
+  changed.runtime.workers = config->runtime.workers + 1;
+  changed.runtime.caps.heapMb = 99;
+  auto runtimeChanges = reconcileReload(*config, changed);
+  CHECK(mentions(runtimeChanges.needRestart, "runtime.max_restarts"));
+  CHECK(mentions(runtimeChanges.needRestart, "runtime.workers"));
+  CHECK(mentions(runtimeChanges.needRestart, "runtime.max_heap_mb"));
+  CHECK(runtimeChanges.applied.empty());
+  CHECK(changed.runtime.maxRestarts == config->runtime.maxRestarts);
 }

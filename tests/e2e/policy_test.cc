@@ -12,8 +12,10 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <pty.h>
 #include <signal.h>
 #include <sys/wait.h>
+#include <termios.h>
 #include <unistd.h>
 #include <boost/json/parse.hpp>
 #include <catch2/catch.hpp>
@@ -22,6 +24,7 @@
 #include <deque>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 using namespace toolhost::testing;
@@ -86,9 +89,21 @@ json::object checkSilently(Peer& admin, Approver& approver, const json::object& 
 // toolhostctl approve with pipes on stdin and stdout.
 class ApproveProcess {
  public:
-  explicit ApproveProcess(const std::filesystem::path& socket) {
+  // With `terminal`, its standard input is a pseudo-terminal (as when a person runs it), else a
+  // pipe (as from a script).
+  explicit ApproveProcess(const std::filesystem::path& socket, bool terminal = false) {
     int in[2], out[2];
-    REQUIRE(::pipe2(in, O_CLOEXEC) == 0);
+    if (terminal) {
+      REQUIRE(::openpty(&in[1], &in[0], nullptr, nullptr, nullptr) == 0);
+      ::fcntl(in[1], F_SETFD, FD_CLOEXEC);
+      ::fcntl(in[0], F_SETFD, FD_CLOEXEC);
+      termios mode{};
+      REQUIRE(::tcgetattr(in[0], &mode) == 0);
+      mode.c_lflag &= ~static_cast<tcflag_t>(ECHO);  // nobody reads the echo
+      REQUIRE(::tcsetattr(in[0], TCSANOW, &mode) == 0);
+    } else {
+      REQUIRE(::pipe2(in, O_CLOEXEC) == 0);
+    }
     REQUIRE(::pipe2(out, O_CLOEXEC) == 0);
     std::string binary = ctlBinary().string();
     std::string socketText = socket.string();
@@ -472,6 +487,51 @@ TEST_CASE("an approver that disconnects is no longer asked", "[e2e][policy]") {
   CHECK(abandoned.at("source") == "no-approver");
   CHECK(resultOf(admin.call("policy.list")).at("approvers") == 0);
   CHECK(resultOf(admin.call("policy.check", key(rev))).at("source") == "no-approver");
+}
+
+TEST_CASE("toolhostctl approve on a terminal: nothing typed before a request appears answers it",
+          "[e2e][policy][cli]") {
+  auto daemon = DaemonProcess::start();
+  Peer admin(daemon->socket());
+  auto rev = install(admin, manifest("fetcher"));
+  ApproveProcess approve(daemon->socket(), true);
+  approve.readUntil("Waiting for requests");
+
+  // Two requests queue; "d" answers the first, and the "A" typed with it is dropped when the
+  // second appears instead of allowing it always.
+  auto first = admin.nextId();
+  admin.send("policy.check", key(rev, kApi, "write"), first);
+  approve.readUntil("[A] allow always");
+  auto second = admin.nextId();
+  admin.send("policy.check", key(rev), second);
+  std::this_thread::sleep_for(std::chrono::milliseconds(700));
+  approve.write("d\nA\n");
+  CHECK(resultOf(admin.response(first)).at("verdict") == "deny");
+  // Dropped whether the second request had arrived yet or not.
+  approve.readUntil("ignored");
+  approve.readUntil("[A] allow always");
+  // Typed the moment it appeared: not taken either.
+  approve.write("A\n");
+  approve.readUntil("(ignored: typed as request 2 appeared");
+  CHECK(resultOf(admin.call("policy.list")).at("decisions").as_array().empty());
+  // Read, then answered.
+  std::this_thread::sleep_for(std::chrono::milliseconds(700));
+  approve.write("d\n");
+  CHECK(resultOf(admin.response(second)).at("verdict") == "deny");
+  CHECK(resultOf(admin.call("policy.list")).at("decisions").as_array().empty());
+}
+
+TEST_CASE("toolhostctl prints what the daemon relays as escapes never as control characters",
+          "[e2e][policy][cli]") {
+  auto daemon = DaemonProcess::start();
+  // The error's detail names the method the client sent: ESC, CR and a right-to-left override.
+  auto run = runProgram({ctlBinary().string(), "--socket", daemon->socket().string(), "call",
+                         "no.such\x1b[2J\rmethod\xe2\x80\xae"});
+  CHECK(run.status == 1);
+  CHECK(run.err.find('\x1b') == std::string::npos);
+  CHECK(run.err.find('\r') == std::string::npos);
+  CHECK(run.err.find("\xe2\x80\xae") == std::string::npos);
+  CHECK_THAT(run.err, Catch::Contains("no.such\\x1b[2J\\x0dmethod\\u202e"));
 }
 
 TEST_CASE("toolhostctl approve answers a prompt read from stdin", "[e2e][policy][cli]") {

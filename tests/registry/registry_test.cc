@@ -475,6 +475,10 @@ TEST_CASE("manifest refusals name the field and the reason", "[registry]") {
   refused(m, "manifest/execution/endpoint");
   m["execution"] = json::parse(R"({"class":"external-service","endpoint":"unix:relative.sock"})");
   refused(m, "manifest/execution/endpoint");
+  // Control characters would reach an approver's terminal and the logs.
+  m["execution"] = json::object{{"class", "external-service"},
+                                {"endpoint", "unix:/s\r\x1b[K  https://api.trusted.example"}};
+  refused(m, "manifest/execution/endpoint");
   m["execution"] = json::parse(R"({"class":"external-service","endpoint":"https://svc.example/rpc"})");
   CHECK(registry.install(m).has_value());
   m["execution"] = json::parse(R"({"class":"external-service","endpoint":"unix:/run/svc.sock"})");

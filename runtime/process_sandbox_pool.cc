@@ -1177,10 +1177,13 @@ void ProcessSandboxPool::Impl::onWatch(const std::shared_ptr<Process>& process) 
       starting = *process->ping == 0;
       for (const auto& [id, call] : process->calls) {
         if (call.lateAt(grace) <= now) {
+          // Pings are answered off the V8 workers: the process as a whole stopped (SIGSTOP, a
+          // hung host), whether or not the tool's code ever ran. The call is past its limit.
           verdicts.emplace(id, CallError{CallErrc::timeout,
-                                         "the call did not stop at its wall-clock limit of " +
+                                         "the call passed its wall-clock limit of " +
                                              std::to_string(call.limits.wallMs) +
-                                             " ms and its sandbox process stopped responding; "
+                                             " ms while its sandbox process stopped responding "
+                                             "(stopped or hung, not necessarily the tool's doing); "
                                              "the process was killed",
                                          {}});
         }

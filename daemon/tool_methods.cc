@@ -314,7 +314,26 @@ void registerToolMethods(MethodTable& methods, ToolServices services) {
               options.mode = runtime::CallOptions::Mode::disposable;
             }
             options.limits = requestedLimits(params);
-            if (const auto* task = params.if_contains("taskId")) options.invocation["taskId"] = *task;
+            if (const auto* task = params.if_contains("taskId")) {
+              // The function-call task this call executes: the tool's subtasks follow it, so it
+              // must be a function call pinned to the revision that runs.
+              if (services.tasks != nullptr) {
+                const std::string id(task->as_string());
+                auto stored = services.tasks->get(id);
+                if (!stored) co_return toRpcError(stored.error());
+                const auto* call = stored->if_contains("call");
+                const auto* pinned = call && call->is_object()
+                                         ? call->as_object().if_contains("toolRevision")
+                                         : nullptr;
+                if (stored->at("kind") != "functioncall" || pinned == nullptr ||
+                    *pinned != json::value(tool->revision)) {
+                  co_return invalidParams(
+                      "params.taskId: " + id + " is not a function call of this revision (" +
+                      tool->revision + "): a call's subtasks follow the call it executes");
+                }
+              }
+              options.invocation["taskId"] = *task;
+            }
             auto outcome =
                 co_await services.sandboxes->call(tool, std::move(arguments), std::move(options));
             co_return answerFor(std::move(outcome), *tool);

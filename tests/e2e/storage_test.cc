@@ -205,6 +205,8 @@ TEST_CASE("ctx.storage: quotas, bad keys and a manifest without the capability a
       "    long: await outcome(() => ctx.storage.set('k'.repeat(17), 1)),\n"
       "    control: await outcome(() => ctx.storage.get('line\\nbreak')),\n"
       "    notString: await outcome(() => ctx.storage.get(42)),\n"
+      "    loneSurrogate: await outcome(() => ctx.storage.set('\\ud800', 1)),\n"
+      "    pairedSurrogates: await outcome(() => ctx.storage.get('\\ud83d\\ude00')),\n"
       "    overwrite: await outcome(() => ctx.storage.set('a', 'y')),\n"
       "    keys: await outcome(() => ctx.storage.list()),\n"
       "  };\n"
@@ -230,6 +232,9 @@ TEST_CASE("ctx.storage: quotas, bad keys and a manifest without the capability a
              Catch::Contains("max_key_bytes") && Catch::Contains("16 bytes"));
   CHECK(r.at("control").at("code") == "invalid-argument");
   CHECK(r.at("notString").at("code") == "invalid-argument");
+  // A lone surrogate has no UTF-8 form: refused, not stored as U+FFFD under another key's name.
+  CHECK(r.at("loneSurrogate").at("code") == "invalid-argument");
+  CHECK(r.at("pairedSurrogates").at("ok").is_null());
   CHECK(r.at("overwrite").at("ok").at("bytes") == 47);  // 43 + 1 + 3
   CHECK(r.at("keys").at("ok") == json::parse(R"(["a","b"])"));
 

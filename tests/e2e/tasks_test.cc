@@ -548,3 +548,26 @@ TEST_CASE("tasks: kill -9 during commits leaves every committed chain linked",
     CHECK((present == 0 || present == ids.size()));
   }
 }
+
+TEST_CASE("tasks: tools.call takes as taskId only a function call of the revision it runs",
+          "[e2e][tasks]") {
+  auto daemon = DaemonProcess::start();
+  RawClient client(daemon->socket());
+  const std::string revision = installActive(client, "weather");
+  installActive(client, "other");
+  auto chain = append(client, json::array{message("user", "weather in Oslo?"),
+                                          callDraft("weather", json::object{{"city", "Oslo"}}),
+                                          callDraft("other", json::object{{"city", "Oslo"}})});
+  auto call = [&](const std::string& taskId) {
+    return client.call("tools.call", json::object{{"name", "weather"},
+                                                  {"arguments", json::object{{"city", "Oslo"}}},
+                                                  {"taskId", taskId}});
+  };
+  CHECK(resultOf(call(idOf(chain[1]))).at("revision") == json::value(revision));
+  for (const auto& wrong : {idOf(chain[0]), idOf(chain[2])}) {
+    auto refused = call(wrong);
+    CHECK(errorCode(refused) == -32602);
+    CHECK_THAT(errorDetail(refused), Catch::Contains("not a function call of this revision"));
+  }
+  CHECK(errorKind(call(std::string(kUnknownId))) == "not-found");
+}

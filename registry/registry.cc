@@ -112,7 +112,10 @@ Result<JsonSchema> compileToolSchema(const json::value& schema, std::string_view
   // formats with std::regex, so it never sees them.
   auto compiled = JsonSchema::compile(withoutKeyword(schema, "format"));
   if (!compiled) {
-    return RegistryError{RegistryErrc::invalidDefinition, std::string(where) + ": " + compiled.error().detail};
+    // A detail that names a place continues the path ("parameters/properties/a/$ref: ...").
+    const std::string& detail = compiled.error().detail;
+    return RegistryError{RegistryErrc::invalidDefinition,
+                         std::string(where) + (detail.starts_with("/") ? "" : ": ") + detail};
   }
   return *compiled;
 }

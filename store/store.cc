@@ -472,6 +472,32 @@ boost::system::error_code Store::runWrite(detail::FunctionRef<bool(WriteTxn&)> f
     throw std::logic_error("store: write() called inside a write callback on the same thread");
   }
   std::lock_guard<std::mutex> lock(writeMutex_);
+  boost::system::error_code ec = writeOnce(fn);
+  // LMDB reuses the pages a commit freed only from the commit after the next one (the snapshot
+  // before it stays readable until then), so right after a write that freed room (a clear, a
+  // delete) the next one may still not fit. One small commit moves that along; then the write is
+  // tried once more, its callback run again from the start (callbacks act only through their
+  // transaction, whose first attempt left nothing behind).
+  if (ec == StoreErrc::mapFull && nudge()) ec = writeOnce(fn);
+  return ec;
+}
+
+bool Store::nudge() {
+  MDB_txn* raw = nullptr;
+  if (mdb_txn_begin(env_, nullptr, 0, &raw) != 0) return false;
+  MDB_dbi meta = 0;
+  const std::string version = std::to_string(schemaVersion_);
+  MDB_val key = toVal(kSchemaVersionKey);
+  MDB_val value = toVal(version);
+  if (mdb_dbi_open(raw, std::string(kMetaTable).c_str(), 0, &meta) != 0 ||
+      mdb_put(raw, meta, &key, &value, 0) != 0) {
+    mdb_txn_abort(raw);
+    return false;
+  }
+  return mdb_txn_commit(raw) == 0;
+}
+
+boost::system::error_code Store::writeOnce(detail::FunctionRef<bool(WriteTxn&)> fn) {
   MDB_txn* raw = nullptr;
   if (int rc = mdb_txn_begin(env_, nullptr, 0, &raw)) return mapError(rc, "begin write", "");
   WriteTxn txn(*this, raw);

@@ -284,6 +284,11 @@ class Store {
 
   boost::system::error_code runRead(detail::FunctionRef<void(ReadTxn&)> fn) const;
   boost::system::error_code runWrite(detail::FunctionRef<bool(WriteTxn&)> fn);
+  // One attempt of runWrite, under writeMutex_.
+  boost::system::error_code writeOnce(detail::FunctionRef<bool(WriteTxn&)> fn);
+  // A commit that changes nothing but moves LMDB's page reuse along (see runWrite); false if it
+  // could not be made. Under writeMutex_.
+  bool nudge();
   // Maps an LMDB or errno code to a StoreErrc and logs the raw code with its context.
   boost::system::error_code mapError(int rc, const char* op, std::string_view table) const;
 

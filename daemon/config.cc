@@ -201,12 +201,13 @@ std::optional<ConfigError> readFetch(const toml::table& table, const std::string
   const toml::table* fields = section->as_table();
   if (fields == nullptr) return fail(file, where(*section, "fetch") + " must be a table ([fetch])");
   for (const auto& [key, value] : *fields) {
-    static constexpr std::array<std::string_view, 5> kKeys{
-        "allow_private", "extra_ca_file", "timeout_ms", "max_response_bytes", "max_request_bytes"};
+    static constexpr std::array<std::string_view, 6> kKeys{
+        "allow_private",      "extra_ca_file",     "timeout_ms",
+        "max_response_bytes", "max_request_bytes", "max_buffered_bytes"};
     if (std::find(kKeys.begin(), kKeys.end(), key.str()) == kKeys.end()) {
       return fail(file, where(value, "fetch." + std::string(key.str())) +
                             " is not a known key; use allow_private, extra_ca_file, timeout_ms, "
-                            "max_response_bytes or max_request_bytes");
+                            "max_response_bytes, max_request_bytes or max_buffered_bytes");
     }
   }
   if (const toml::node* node = fields->get("allow_private")) {
@@ -242,12 +243,23 @@ std::optional<ConfigError> readFetch(const toml::table& table, const std::string
   std::int64_t timeoutMs = fetch.timeout.count();
   for (auto error : {
            readCount(table, file, "fetch", "timeout_ms", timeoutMs, 1, 3600000),
+           // A body crosses to the sandbox host base64-encoded in one message, and a request
+           // body within the call's 64 MiB of outstanding requests: larger ones could never
+           // arrive.
            readCount(table, file, "fetch", "max_response_bytes", fetch.maxResponseBytes, 1,
-                     std::int64_t{1} << 32),
+                     kMaxFetchResponseBytes),
            readCount(table, file, "fetch", "max_request_bytes", fetch.maxRequestBytes, 0,
-                     std::int64_t{1} << 30),
+                     kMaxFetchRequestBytes),
+           readCount(table, file, "fetch", "max_buffered_bytes", fetch.maxBufferedBytes, 1,
+                     std::int64_t{1} << 40),
        }) {
     if (error) return error;
+  }
+  if (fetch.maxBufferedBytes < fetch.maxResponseBytes) {
+    return fail(file, "fetch.max_buffered_bytes (" + std::to_string(fetch.maxBufferedBytes) +
+                          ") must be at least fetch.max_response_bytes (" +
+                          std::to_string(fetch.maxResponseBytes) +
+                          "): a response of the largest size must fit");
   }
   fetch.timeout = std::chrono::milliseconds(timeoutMs);
   return std::nullopt;
@@ -614,6 +626,8 @@ ConfigChanges reconcileReload(const Config& running, Config& next) {
           next.fetch.maxResponseBytes);
   compare(applied, "fetch.max_request_bytes", running.fetch.maxRequestBytes,
           next.fetch.maxRequestBytes);
+  compare(applied, "fetch.max_buffered_bytes", running.fetch.maxBufferedBytes,
+          next.fetch.maxBufferedBytes);
   compare(applied, "storage.max_keys", running.storage.maxKeys, next.storage.maxKeys);
   compare(applied, "storage.max_key_bytes", running.storage.maxKeyBytes, next.storage.maxKeyBytes);
   compare(applied, "storage.max_value_bytes", running.storage.maxValueBytes,

@@ -14,6 +14,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <filesystem>
 #include <memory>
 #include <mutex>
@@ -34,7 +35,12 @@ struct FetchConfig {
   std::chrono::milliseconds timeout{30000};          // DNS, connect, TLS, request, response
   std::size_t maxResponseBytes = std::size_t{16} << 20;
   std::size_t maxRequestBytes = std::size_t{8} << 20;
+  // Every response body held at once, all fetches together (policy::FetchLimits).
+  std::size_t maxBufferedBytes = std::size_t{256} << 20;
 };
+// The largest max_response_bytes and max_request_bytes a config may set.
+inline constexpr std::int64_t kMaxFetchResponseBytes = std::int64_t{128} << 20;
+inline constexpr std::int64_t kMaxFetchRequestBytes = std::int64_t{32} << 20;
 
 // [secrets]: where the vault's key is (read at start; a change needs a restart) and how large a
 // value secrets.set accepts (applies at once after a reload).

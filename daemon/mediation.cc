@@ -32,6 +32,7 @@ policy::FetchLimits fetchLimits(const Config& config) {
   limits.timeout = config.fetch.timeout;
   limits.maxResponseBytes = config.fetch.maxResponseBytes;
   limits.maxRequestBodyBytes = config.fetch.maxRequestBytes;
+  limits.maxBufferedBytes = config.fetch.maxBufferedBytes;
   return limits;
 }
 
@@ -265,10 +266,26 @@ void redactIn(std::string& text, std::string_view value) {
   }
 }
 
+bool isBlank(char c) { return c == ' ' || c == '\t'; }
+
 // The values to redact, longer first, so that a value containing another is redacted whole.
+// Each also without its leading, trailing or surrounding spaces and tabs, as it went out when it
+// began or ended a header value (header values are sent trimmed).
 std::vector<std::string_view> longestFirst(const SubstitutedSecrets& secrets) {
   std::vector<std::string_view> values;
-  for (const auto& value : secrets.values) values.push_back(value.view());
+  for (const auto& secret : secrets.values) {
+    const std::string_view value = secret.view();
+    std::size_t first = 0;
+    while (first < value.size() && isBlank(value[first])) ++first;
+    std::size_t end = value.size();
+    while (end > first && isBlank(value[end - 1])) --end;
+    for (auto variant :
+         {value, value.substr(first), value.substr(0, end), value.substr(first, end - first)}) {
+      if (!variant.empty() && std::find(values.begin(), values.end(), variant) == values.end()) {
+        values.push_back(variant);
+      }
+    }
+  }
   std::sort(values.begin(), values.end(),
             [](std::string_view a, std::string_view b) { return a.size() > b.size(); });
   return values;
@@ -307,6 +324,7 @@ void redactSecrets(const SubstitutedSecrets& secrets, std::string& text) {
 void redactSecrets(const SubstitutedSecrets& secrets, policy::HttpResponse& response) {
   if (secrets.values.empty()) return;
   const auto values = longestFirst(secrets);
+  const std::size_t bodySize = response.body.size();
   for (auto value : values) {
     redactIn(response.statusText, value);
     redactIn(response.body, value);
@@ -315,6 +333,12 @@ void redactSecrets(const SubstitutedSecrets& secrets, policy::HttpResponse& resp
     for (auto value : values) {
       redactInFolded(name, value);
       redactIn(text, value);
+    }
+  }
+  // A Content-Length left as it was would tell the tool how long the redacted values were.
+  if (response.body.size() != bodySize) {
+    for (auto& [name, text] : response.headers) {
+      if (name == "content-length") text = std::to_string(response.body.size());
     }
   }
 }

@@ -1,5 +1,7 @@
 #include "policy/http_client.h"
 
+#include "policy/access_class.h"
+
 #include <openssl/ssl.h>
 #include <openssl/x509.h>
 #include <openssl/x509v3.h>
@@ -25,6 +27,7 @@
 #include <array>
 #include <exception>
 #include <stdexcept>
+#include <tuple>
 #include <variant>
 
 #ifndef TOOLHOST_VERSION
@@ -197,6 +200,15 @@ FetchError exchangeError(const error_code& ec, const Destination& destination,
                                         std::string(stage) + " (" + ec.message() + ")."};
 }
 
+FetchError bufferedError(const Destination& destination, const FetchLimits& limits) {
+  return {FetchErrc::responseTooLarge,
+          "The response from " + destination.origin +
+              " was not read to its end: the daemon already holds " +
+              bytes(limits.maxBufferedBytes) +
+              " of fetch responses for running tools, its limit ([fetch] max_buffered_bytes). "
+              "Fetch fewer large responses at once, or ask for less data."};
+}
+
 FetchError handshakeError(SSL* ssl, const error_code& ec, const Destination& destination) {
   const long verify = SSL_get_verify_result(ssl);
   const std::string& origin = destination.origin;
@@ -313,6 +325,14 @@ boost::system::result<void, FetchError> checkRequest(const HttpRequest& request,
     }
   }
 
+  // A read (GET, HEAD, OPTIONS) is authorized as one that sends nothing but its URL and headers.
+  if (!request.body.empty() && accessClassOf(method) == AccessClass::read) {
+    return FetchError{FetchErrc::invalidHeader,
+                      "A " + method +
+                          " request cannot carry a body: it is authorized as a read. Send data "
+                          "with POST, PUT or PATCH."};
+  }
+
   // A Destination comes from parseDestination(); a hand-made one must not smuggle anything into
   // the request line, the Host header or the SNI.
   const Destination& destination = request.destination;
@@ -379,6 +399,27 @@ boost::system::result<void, FetchError> checkRequest(const HttpRequest& request,
                           bytes(limits.maxRequestBodyBytes) + "."};
   }
   return {};
+}
+
+bool BufferedBytes::take(std::size_t bytes, std::size_t cap) {
+  std::size_t held = held_.load();
+  do {
+    if (held > cap || bytes > cap - held) return false;
+  } while (!held_.compare_exchange_weak(held, held + bytes));
+  return true;
+}
+
+void BufferedBytes::give(std::size_t bytes) { held_.fetch_sub(bytes); }
+
+BufferedShare::~BufferedShare() {
+  if (bytes_ > 0) pool_->give(bytes_);
+}
+
+bool BufferedShare::growTo(std::size_t total, std::size_t cap) {
+  if (total <= bytes_) return true;
+  if (!pool_->take(total - bytes_, cap)) return false;
+  bytes_ = total;
+  return true;
 }
 
 HttpClient::HttpClient(AddressRules rules, std::optional<std::filesystem::path> extraCaFile,
@@ -542,14 +583,24 @@ asio::awaitable<FetchResult> HttpClient::exchange(HttpRequest request, FetchLimi
   if (writeError) co_return exchangeError(writeError, destination, limits, "sending the request");
 
   beast::flat_buffer buffer;
+  auto share = std::make_shared<BufferedShare>(buffered_);
   std::optional<http::response<http::string_body>> final;
   for (int interim = 0; !final; ++interim) {
     http::response_parser<http::string_body> parser;
     parser.header_limit(static_cast<std::uint32_t>(kMaxResponseHeaderBytes));
     parser.body_limit(static_cast<std::uint64_t>(limits.maxResponseBytes));
     parser.skip(head);
-    auto [readError, read] =
-        co_await http::async_read(stream, buffer, parser, asio::as_tuple(asio::use_awaitable));
+    // The body is charged to the client's buffered bytes as it arrives, so that all fetches
+    // together hold at most limits.maxBufferedBytes, however many run at once.
+    auto [readError, read] = co_await http::async_read_header(stream, buffer, parser,
+                                                              asio::as_tuple(asio::use_awaitable));
+    while (!readError && !cancelled() && !parser.is_done()) {
+      std::tie(readError, read) = co_await http::async_read_some(
+          stream, buffer, parser, asio::as_tuple(asio::use_awaitable));
+      if (!share->growTo(parser.get().body().size(), limits.maxBufferedBytes)) {
+        co_return bufferedError(destination, limits);
+      }
+    }
     if (cancelled()) co_return cancelledError(destination);
     // A body that ends with the connection: the server may close without close_notify (pitfall
     // 7), which is how most servers end such a body; browsers accept it too.
@@ -583,7 +634,9 @@ asio::awaitable<FetchResult> HttpClient::exchange(HttpRequest request, FetchLimi
   }
   transport.close();
   if (cancelled()) co_return cancelledError(destination);
-  co_return toResponse(std::move(*final), remote);
+  HttpResponse response = toResponse(std::move(*final), remote);
+  response.buffered = std::move(share);
+  co_return response;
 }
 
 }  // namespace toolhost::policy

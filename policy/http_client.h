@@ -15,6 +15,7 @@
 #include <boost/asio/awaitable.hpp>
 #include <boost/system/result.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <filesystem>
@@ -36,6 +37,35 @@ struct HttpRequest {
   std::string body;
 };
 
+// Response bytes held at once by every fetch of one client together: charged while a body is
+// received, given back when the response that holds them is destroyed. Thread-safe.
+class BufferedBytes {
+ public:
+  // Takes `bytes` more unless that would pass `cap`.
+  bool take(std::size_t bytes, std::size_t cap);
+  void give(std::size_t bytes);
+  std::size_t held() const { return held_.load(); }
+
+ private:
+  std::atomic<std::size_t> held_{0};
+};
+
+// A response's share of its client's BufferedBytes, given back when the last copy goes.
+class BufferedShare {
+ public:
+  explicit BufferedShare(std::shared_ptr<BufferedBytes> pool) : pool_(std::move(pool)) {}
+  ~BufferedShare();
+  BufferedShare(const BufferedShare&) = delete;
+  BufferedShare& operator=(const BufferedShare&) = delete;
+  // Grows the share to `total` bytes; false (and unchanged) if the pool would pass `cap`.
+  bool growTo(std::size_t total, std::size_t cap);
+  std::size_t bytes() const { return bytes_; }
+
+ private:
+  std::shared_ptr<BufferedBytes> pool_;
+  std::size_t bytes_ = 0;
+};
+
 struct HttpResponse {
   unsigned status = 0;
   std::string statusText;
@@ -43,11 +73,17 @@ struct HttpResponse {
   std::vector<std::pair<std::string, std::string>> headers;
   std::string body;           // empty for HEAD, 1xx, 204 and 304
   std::string remoteAddress;  // the address connected to, as formatAddress() writes it
+  // The body's bytes in the client's BufferedBytes (FetchLimits::maxBufferedBytes), held until
+  // the response and its copies are destroyed. Drop the response once its body is passed on.
+  std::shared_ptr<BufferedShare> buffered;
 };
 
 struct FetchLimits {
   std::size_t maxRequestBodyBytes = std::size_t{8} << 20;
   std::size_t maxResponseBytes = std::size_t{16} << 20;  // the body; headers have their own cap
+  // Every response body the client holds at once (being received, or returned and not yet
+  // destroyed), all fetches together: a body that would pass it fails with response-too-large.
+  std::size_t maxBufferedBytes = std::size_t{256} << 20;
   std::chrono::milliseconds timeout{30000};  // DNS, connect, TLS, request and response together
 };
 
@@ -96,6 +132,8 @@ class HttpClient {
   boost::asio::awaitable<FetchResult> fetch(HttpRequest request, FetchLimits limits = {});
 
   const AddressRules& rules() const { return rules_; }
+  // Response bytes held now (FetchLimits::maxBufferedBytes). Any thread.
+  std::size_t bufferedBytes() const { return buffered_->held(); }
 
  private:
   boost::asio::awaitable<FetchResult> exchange(HttpRequest request, FetchLimits limits);
@@ -105,6 +143,7 @@ class HttpClient {
   AddressRules rules_;
   std::shared_ptr<Resolver> resolver_;
   std::unique_ptr<Tls> tls_;
+  std::shared_ptr<BufferedBytes> buffered_ = std::make_shared<BufferedBytes>();
 };
 
 // "toolhost/<version>", sent as User-Agent unless the request has one.

@@ -570,7 +570,8 @@ std::optional<json::object> fetchRequest(v8::Local<v8::Context> context, v8::Loc
     bool ok = true;
     body = readBody(context, value, ok);
     if (!ok) return std::nullopt;
-    if (body && (equalsIgnoringCase(method, "GET") || equalsIgnoringCase(method, "HEAD"))) {
+    if (body && (equalsIgnoringCase(method, "GET") || equalsIgnoringCase(method, "HEAD") ||
+                 equalsIgnoringCase(method, "OPTIONS"))) {
       throwInvalidArgument(context, "fetch: a " + method + " request cannot have a body");
       return std::nullopt;
     }

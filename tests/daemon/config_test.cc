@@ -152,6 +152,7 @@ TEST_CASE("[fetch]: opened ranges, the extra CA file, limits, what a reload appl
   CHECK(defaults->fetch.timeout == std::chrono::milliseconds(30000));
   CHECK(defaults->fetch.maxResponseBytes == 16u << 20);
   CHECK(defaults->fetch.maxRequestBytes == 8u << 20);
+  CHECK(defaults->fetch.maxBufferedBytes == 256u << 20);
 
   ConfigFile ca("-----BEGIN CERTIFICATE-----\n");
   auto config =
@@ -183,6 +184,14 @@ TEST_CASE("[fetch]: opened ranges, the extra CA file, limits, what a reload appl
   check("[fetch]\nextra_ca_file = \"/no/such/ca.pem\"\n", "fetch.extra_ca_file");
   check("[fetch]\ntimeout_ms = 0\n", "fetch.timeout_ms");
   check("[fetch]\nallow_privat = []\n", "fetch.allow_privat");
+  // A larger body could not cross to the sandbox host; every response must fit the buffer.
+  check("[fetch]\nmax_response_bytes = 134217729\n", "fetch.max_response_bytes");
+  check("[fetch]\nmax_request_bytes = 33554433\n", "fetch.max_request_bytes");
+  check("[fetch]\nmax_buffered_bytes = 999\nmax_response_bytes = 1000\n",
+        "fetch.max_buffered_bytes (999) must be at least fetch.max_response_bytes (1000)");
+  auto largest = load("[fetch]\nmax_response_bytes = 134217728\nmax_buffered_bytes = 134217728\n");
+  REQUIRE(largest.has_value());
+  CHECK(largest->fetch.maxBufferedBytes == 128u << 20);
 
   // A reload applies the limits; the HTTPS client's ranges and CA need a restart.
   Config next = *config;

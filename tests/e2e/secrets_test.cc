@@ -236,6 +236,23 @@ TEST_CASE("secrets: the value goes only to a granted origin, its echo comes back
   checkNoValueAnywhere(s);
 }
 
+TEST_CASE("secrets: a value sent trimmed is redacted too and Content-Length follows the redaction",
+          "[e2e][secrets]") {
+  Setup s;
+  s.deployUser("user");
+  // Header values go out trimmed: "Bearer " + value loses the value's trailing blanks.
+  s.setSecret(json::object{{"tool", "user"}, {"value", "  " + std::string(kValue) + " \t"}});
+  auto sent = s.run("user", json::object{{"url", s.granted.url("/echo")}});
+  auto echo = echoOf(sent);
+  CHECK(headerOf(echo, "authorization") == "Bearer [redacted]");
+  // The tool's view of the headers: [[name, value], ...].
+  std::string length;
+  for (const auto& header : sent.at("headers").as_array()) {
+    if (header.as_array()[0] == "content-length") length = text(header.as_array()[1]);
+  }
+  CHECK(length == std::to_string(text(sent.at("text")).size()));
+}
+
 TEST_CASE("secrets: returning, throwing or logging the placeholder gives only the placeholder",
           "[e2e][secrets]") {
   Setup s;

@@ -395,6 +395,34 @@ TEST_CASE("fetch: a response over the limit is response-too-large") {
   }
 }
 
+TEST_CASE("fetch: the responses held at once stay within max_buffered_bytes") {
+  HttpsTestServer server;
+  HttpClient client(loopbackOpened(), server.caFile());
+  const FetchLimits limits{.maxResponseBytes = 1000, .maxBufferedBytes = 1500};
+
+  std::optional<HttpResponse> held =
+      requireResponse(runFetch(client, requestFor(server.url("/big?bytes=1000")), limits));
+  CHECK(client.bufferedBytes() == 1000);
+  SECTION("a second body that would pass the limit is refused while the first is held") {
+    const char* path =
+        GENERATE("/big?bytes=600", "/big?bytes=600&chunked=1", "/close-delimited?bytes=600");
+    INFO(path);
+    auto refused = runFetch(client, requestFor(server.url(path)), limits);
+    requireError(refused, FetchErrc::responseTooLarge);
+    CHECK(refused.error().message.find("max_buffered_bytes") != std::string::npos);
+    CHECK(client.bufferedBytes() == 1000);
+    CHECK(requireResponse(runFetch(client, requestFor(server.url("/big?bytes=500")), limits))
+              .body.size() == 500);
+  }
+  SECTION("dropping the response gives its bytes back") {
+    held.reset();
+    CHECK(client.bufferedBytes() == 0);
+    CHECK(requireResponse(runFetch(client, requestFor(server.url("/big?bytes=1000")), limits))
+              .body.size() == 1000);
+    CHECK(client.bufferedBytes() == 0);
+  }
+}
+
 TEST_CASE("fetch: one timeout covers the whole exchange") {
   HttpsTestServer server;
   const FetchLimits limits{.timeout = 300ms};
@@ -484,6 +512,19 @@ TEST_CASE("fetch: methods are tokens, and CONNECT, TRACE and TRACK are refused")
     HttpRequest request = requestFor(server.url("/echo"));
     request.method = method;
     requireError(runFetch(client, std::move(request)), FetchErrc::invalidHeader);
+  }
+  CHECK(server.connectionsAccepted() == 0);
+}
+
+TEST_CASE("fetch: a read method cannot carry a body") {
+  HttpsTestServer server;
+  HttpClient client(loopbackOpened(), server.caFile());
+  for (const char* method : {"GET", "HEAD", "OPTIONS"}) {
+    INFO(method);
+    HttpRequest request = requestFor(server.url("/echo"), method);
+    request.body = "data";
+    requireError(runFetch(client, std::move(request)), FetchErrc::invalidHeader);
+    CHECK(checkRequest(requestFor(server.url("/echo"), method), {}).has_value());
   }
   CHECK(server.connectionsAccepted() == 0);
 }

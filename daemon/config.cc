@@ -314,6 +314,21 @@ std::optional<ConfigError> readAccess(const toml::table& table, const std::strin
                               " is not a known key; use user, uid, group, gid or roles");
       }
     }
+    // One identity per rule: two would have to say whether the peer needs both or either.
+    std::vector<std::string_view> identities;
+    for (std::string_view key : {"user", "uid", "group", "gid"}) {
+      if (rule->contains(key)) identities.push_back(key);
+    }
+    if (identities.size() > 1) {
+      return fail(file, where(item, "access") + " names both " + std::string(identities[0]) +
+                            " and " + std::string(identities[1]) +
+                            "; a rule names one user or one group (write one rule for each)");
+    }
+    for (std::string_view key : {"user", "group"}) {
+      if (const toml::node* name = rule->get(key); name != nullptr && !name->is_string()) {
+        return fail(file, where(*name, "access." + std::string(key)) + " must be a string");
+      }
+    }
     AccessRule parsed;
     if (auto user = (*rule)["user"].value<std::string>()) {
       parsed.uid = lookupUser(*user);

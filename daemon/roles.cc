@@ -1,34 +1,39 @@
 #include "daemon/roles.h"
 
-#include <grp.h>
-#include <pwd.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <array>
+#include <cerrno>
 
 namespace toolhost::daemon {
 
 namespace {
 constexpr std::array kAllRoles{Role::admin, Role::agent, Role::approver, Role::host};
 
-// Supplementary groups of a uid, looked up through NSS (the peer's own list is not on the socket).
-bool uidInGroup(uid_t uid, gid_t primaryGid, gid_t group) {
-  if (primaryGid == group) return true;
-  std::array<char, 16384> buffer{};
-  passwd entry{};
-  passwd* found = nullptr;
-  if (getpwuid_r(uid, &entry, buffer.data(), buffer.size(), &found) != 0 || found == nullptr) {
-    return false;
-  }
-  int count = 64;
-  std::vector<gid_t> groups(count);
-  while (getgrouplist(found->pw_name, found->pw_gid, groups.data(), &count) == -1) {
-    groups.resize(count);
-  }
-  groups.resize(count);
-  return std::find(groups.begin(), groups.end(), group) != groups.end();
-}
 }  // namespace
+
+bool readPeerCredentials(int socket, PeerCredentials& out) {
+  ucred credentials{};
+  socklen_t length = sizeof credentials;
+  if (::getsockopt(socket, SOL_SOCKET, SO_PEERCRED, &credentials, &length) != 0) return false;
+  out.pid = credentials.pid;
+  out.uid = credentials.uid;
+  out.gid = credentials.gid;
+  // The kernel says how much room the list needs when the buffer is too small.
+  std::vector<gid_t> groups(64);
+  for (;;) {
+    socklen_t bytes = static_cast<socklen_t>(groups.size() * sizeof(gid_t));
+    if (::getsockopt(socket, SOL_SOCKET, SO_PEERGROUPS, groups.data(), &bytes) == 0) {
+      groups.resize(bytes / sizeof(gid_t));
+      break;
+    }
+    if (errno != ERANGE || bytes / sizeof(gid_t) <= groups.size()) return false;
+    groups.resize(bytes / sizeof(gid_t));
+  }
+  out.groups = std::move(groups);
+  return true;
+}
 
 std::vector<std::string> RoleSet::names() const {
   std::vector<std::string> out;
@@ -66,7 +71,10 @@ RoleSet AccessRules::rolesFor(const PeerCredentials& peer) const {
   for (const auto& rule : rules_) {
     bool matches = false;
     if (rule.uid && *rule.uid == peer.uid) matches = true;
-    if (!matches && rule.gid && uidInGroup(peer.uid, peer.gid, *rule.gid)) matches = true;
+    if (!matches && rule.gid) {
+      matches = peer.gid == *rule.gid ||
+                std::find(peer.groups.begin(), peer.groups.end(), *rule.gid) != peer.groups.end();
+    }
     if (matches) roles.add(rule.roles);
   }
   return roles;

@@ -43,10 +43,17 @@ struct PeerCredentials {
   pid_t pid = 0;
   uid_t uid = 0;
   gid_t gid = 0;
+  // The peer process's supplementary groups (SO_PEERGROUPS), as it connected: not the groups the
+  // system database lists for its user, which a process may have dropped.
+  std::vector<gid_t> groups;
 };
 
-// One rule: peers with this uid (or in this group, by primary or supplementary membership)
-// get these roles.
+// Reads the credentials of the peer of a connected Unix socket (SO_PEERCRED, SO_PEERGROUPS).
+// False with errno set when the kernel gives none.
+bool readPeerCredentials(int socket, PeerCredentials& out);
+
+// One rule: peers with this uid, or whose process is in this group (its primary group or one of
+// its supplementary groups), get these roles. A rule names a user or a group, not both.
 struct AccessRule {
   std::optional<uid_t> uid;
   std::optional<gid_t> gid;

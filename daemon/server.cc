@@ -185,13 +185,11 @@ asio::awaitable<void> Server::acceptLoop() {
 
 void Server::startSession(stream_protocol::socket socket) {
   std::uint64_t id = nextId_++;
-  ucred credentials{};
-  socklen_t length = sizeof credentials;
-  if (::getsockopt(socket.native_handle(), SOL_SOCKET, SO_PEERCRED, &credentials, &length) != 0) {
+  PeerCredentials peer;
+  if (!readPeerCredentials(socket.native_handle(), peer)) {
     spdlog::warn("conn={} no peer credentials: {}; closing", id, errnoText(errno));
     return;
   }
-  PeerCredentials peer{credentials.pid, credentials.uid, credentials.gid};
   // The connection keeps the access rules and limits in force now, whatever a reload does later.
   std::shared_ptr<const Config> config = configs_.current();
   RoleSet roles = config->access.rolesFor(peer);

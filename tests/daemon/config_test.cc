@@ -1,7 +1,8 @@
 #include "daemon/config.h"
 
-#include <catch2/catch.hpp>
+#include <sys/socket.h>
 #include <unistd.h>
+#include <catch2/catch.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -74,6 +75,9 @@ roles = ["host"]
   CHECK(config->logFormat == LogFormat::json);
   CHECK(config->access.rolesFor(PeerCredentials{1, 54321, 1}) == RoleSet{Role::agent, Role::approver});
   CHECK(config->access.rolesFor(PeerCredentials{1, 54322, 777}) == RoleSet{Role::host});
+  // A group rule matches the process's own supplementary groups, nothing else.
+  CHECK(config->access.rolesFor(PeerCredentials{1, 54322, 1, {5, 777}}) == RoleSet{Role::host});
+  CHECK(config->access.rolesFor(PeerCredentials{1, 54322, 1, {5, 778}}).empty());
   // The daemon's own uid stays admin.
   CHECK(config->access.rolesFor(PeerCredentials{1, ::geteuid(), 1}).has(Role::admin));
 }
@@ -90,6 +94,11 @@ TEST_CASE("config errors name the key and what is wrong", "[config]") {
   check("[[access]]\nroles = [\"agent\"]\n", "needs one of user, uid, group or gid");
   check("[[access]]\nuid = 5\nroles = [\"emperor\"]\n", "unknown role");
   check("[[access]]\nuser = \"no-such-user-here\"\nroles = [\"agent\"]\n", "no user");
+  check("[[access]]\nuser = \"root\"\nuid = 5\nroles = [\"agent\"]\n", "names both user and uid");
+  check("[[access]]\ngroup = \"root\"\ngid = 5\nroles = [\"agent\"]\n", "names both group and gid");
+  check("[[access]]\nuid = 5\ngid = 5\nroles = [\"agent\"]\n", "names both uid and gid");
+  check("[[access]]\nuser = 5\nroles = [\"agent\"]\n", "access.user (line 2) must be a string");
+  check("[[access]]\ngroup = true\nuid = 1\nroles = [\"agent\"]\n", "names both uid and group");
   check("[sever]\nsocket = \"/x\"\n", "not a known section");
   check("this is = = not toml", ":1:");
   check("[runtime]\njit = \"yes\"\n", "must be true or false");
@@ -221,4 +230,22 @@ TEST_CASE("[fetch]: opened ranges, the extra CA file, limits, what a reload appl
   CHECK(mentions(runtimeChanges.needRestart, "runtime.max_heap_mb"));
   CHECK(runtimeChanges.applied.empty());
   CHECK(changed.runtime.maxRestarts == config->runtime.maxRestarts);
+}
+
+TEST_CASE("peer credentials carry the connecting process's own groups", "[config][access]") {
+  int pair[2];
+  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM, 0, pair) == 0);
+  PeerCredentials peer;
+  const bool read = readPeerCredentials(pair[0], peer);
+  ::close(pair[0]);
+  ::close(pair[1]);
+  REQUIRE(read);
+  CHECK(peer.uid == ::geteuid());
+  CHECK(peer.gid == ::getegid());
+  CHECK(peer.pid == ::getpid());
+  std::vector<gid_t> own(static_cast<std::size_t>(::getgroups(0, nullptr)));
+  own.resize(static_cast<std::size_t>(::getgroups(static_cast<int>(own.size()), own.data())));
+  std::sort(own.begin(), own.end());
+  std::sort(peer.groups.begin(), peer.groups.end());
+  CHECK(peer.groups == own);
 }

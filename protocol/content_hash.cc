@@ -1,6 +1,8 @@
 #include "protocol/content_hash.h"
 
 #include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
 
 #include <array>
 #include <cstdint>
@@ -101,6 +103,25 @@ bool isContentHash(std::string_view text) {
   // The last character carries the digest's final 4 bits; its 2 low bits are padding and must be
   // zero, or two spellings would name the same digest.
   return (base64UrlValue(encoded.back()) & 0x3) == 0;
+}
+
+std::string keyedDigest(std::string_view key, std::string_view bytes) {
+  std::array<unsigned char, EVP_MAX_MD_SIZE> digest{};
+  unsigned length = 0;
+  if (HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
+           reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size(), digest.data(),
+           &length) == nullptr) {
+    throw std::runtime_error("HMAC-SHA-256 failed");
+  }
+  return base64UrlEncode(std::string_view(reinterpret_cast<const char*>(digest.data()), length));
+}
+
+std::string randomBytes(std::size_t count) {
+  std::string out(count, '\0');
+  if (RAND_bytes(reinterpret_cast<unsigned char*>(out.data()), static_cast<int>(count)) != 1) {
+    throw std::runtime_error("the system's random number generator gave no bytes");
+  }
+  return out;
 }
 
 }  // namespace toolhost::protocol

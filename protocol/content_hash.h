@@ -7,6 +7,7 @@
 
 #include "protocol/json_text.h"
 
+#include <cstddef>
 #include <string>
 #include <string_view>
 
@@ -31,5 +32,11 @@ bool isContentHash(std::string_view text);
 
 // base64url without padding, for any bytes.
 std::string base64UrlEncode(std::string_view bytes);
+
+// base64url (no padding) of HMAC-SHA-256 of `bytes` under `key`.
+std::string keyedDigest(std::string_view key, std::string_view bytes);
+
+// `count` bytes from OpenSSL's CSPRNG; std::runtime_error when it has none to give.
+std::string randomBytes(std::size_t count);
 
 }  // namespace toolhost::protocol

@@ -26,6 +26,9 @@ constexpr int kMaxUniqueItems = 100;
 constexpr std::string_view kBindingsTable = "tool_bindings";
 constexpr std::string_view kSettingsTable = "tool_settings";
 constexpr std::string_view kCurrentSettingsTable = "tool_current_settings";
+constexpr std::string_view kSettingsKeyTable = "tool_settings_key";
+constexpr std::string_view kSaltKeyName = "salt";
+constexpr std::size_t kSaltKeyBytes = 32;
 
 RegistryError storageError(store::Store& store, const boost::system::error_code& ec) {
   return RegistryError{RegistryErrc::storage, store.describe(ec)};
@@ -128,11 +131,14 @@ Registry::Registry(store::Store& store, RegistryLimits limits)
       history_(store.table(kHistoryTable)),
       bindings_(store.table(kBindingsTable)),
       settings_(store.table(kSettingsTable)),
-      currentSettings_(store.table(kCurrentSettingsTable)) {}
+      currentSettings_(store.table(kCurrentSettingsTable)),
+      settingsKey_(store.table(kSettingsKeyTable)) {}
 
 std::vector<std::string> Registry::tables() {
-  return {std::string(kManifestsTable), std::string(kRevisionsTable), std::string(kHistoryTable),
-          std::string(kBindingsTable),  std::string(kSettingsTable),  std::string(kCurrentSettingsTable)};
+  return {std::string(kManifestsTable),  std::string(kRevisionsTable),
+          std::string(kHistoryTable),    std::string(kBindingsTable),
+          std::string(kSettingsTable),   std::string(kCurrentSettingsTable),
+          std::string(kSettingsKeyTable)};
 }
 
 Result<ToolRevisionPtr> Registry::build(const std::string& revision, json::object manifest,
@@ -417,6 +423,16 @@ Result<SettingsOutcome> Registry::configure(const std::string& name, const std::
     }
   }
   json::object document{{"tool", name}, {"toolRevision", revision}, {"settings", settings}};
+  auto unsalted = protocol::canonicalJson(document);
+  if (!unsalted)
+    return RegistryError{RegistryErrc::invalidDefinition, "settings: " + unsalted.error().detail};
+  // Everything in the document but the values is public, and its revision is shown to agents
+  // and to other tools (tools.get, ctx.resolveInvocation): without a salt, guessing the values
+  // and hashing each guess would recover them. The salt is keyed by a secret of this store, so
+  // the same settings still get the same revision here.
+  auto key = settingsSaltKey();
+  if (!key) return key.error();
+  document["salt"] = protocol::keyedDigest(*key, *unsalted);
   auto canonical = protocol::canonicalJson(document);
   if (!canonical) return RegistryError{RegistryErrc::invalidDefinition, "settings: " + canonical.error().detail};
   if (canonical->size() > limits_.maxSettingsBytes) {
@@ -433,6 +449,34 @@ Result<SettingsOutcome> Registry::configure(const std::string& name, const std::
   });
   if (!written) return storageError(store_, written.error());
   return SettingsOutcome{settingsRevision, created};
+}
+
+Result<std::string> Registry::settingsSaltKey() {
+  {
+    std::lock_guard lock(mutex_);
+    if (saltKey_) return *saltKey_;
+  }
+  auto stored =
+      store_.read([&](store::ReadTxn& txn) { return txn.getCopy(settingsKey_, kSaltKeyName); });
+  if (!stored) return storageError(store_, stored.error());
+  if (!*stored) {
+    const std::string fresh = protocol::randomBytes(kSaltKeyBytes);
+    auto written = store_.write([&](store::WriteTxn& txn) -> boost::system::result<void> {
+      txn.putIfAbsent(settingsKey_, kSaltKeyName, fresh);
+      return {};
+    });
+    if (!written) return storageError(store_, written.error());
+    stored =
+        store_.read([&](store::ReadTxn& txn) { return txn.getCopy(settingsKey_, kSaltKeyName); });
+    if (!stored) return storageError(store_, stored.error());
+  }
+  if (!*stored || (*stored)->size() != kSaltKeyBytes) {
+    return RegistryError{RegistryErrc::integrity,
+                         "the store's settings salt key is missing or damaged"};
+  }
+  std::lock_guard lock(mutex_);
+  saltKey_ = **stored;
+  return *saltKey_;
 }
 
 std::optional<std::string> Registry::trySettingsRevision(const std::string& name, const std::string& revision) {

@@ -141,6 +141,8 @@ class Registry {
   Result<ToolRevisionPtr> build(const std::string& revision, boost::json::object manifest,
                                 std::string installedAt);
   void bindingsWritten();  // after a write transaction that may have moved a binding
+  // The store's own secret that salts settings documents, made on first use.
+  Result<std::string> settingsSaltKey();
 
   store::Store& store_;
   RegistryLimits limits_;
@@ -150,6 +152,8 @@ class Registry {
   store::Table bindings_;    // name -> {"revision", "activatedAt"}
   store::Table settings_;    // settings revision -> canonical settings document
   store::Table currentSettings_;  // name \0 revision -> settings revision
+  store::Table settingsKey_;      // "salt" -> 32 random bytes (settingsSaltKey)
+  std::optional<std::string> saltKey_;  // under mutex_, once read
 
   mutable std::mutex mutex_;
   std::map<std::string, ToolRevisionPtr, std::less<>> cache_;

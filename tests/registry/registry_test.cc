@@ -298,11 +298,26 @@ TEST_CASE("settings are content-addressed and resolve only for their own tool re
   REQUIRE(configured.has_value());
   CHECK(configured->created);
   CHECK(protocol::isContentHash(configured->settingsRevision));
-  CHECK(configured->settingsRevision ==
+  // Salted with a secret of the store: hashing guessed values does not find the revision.
+  CHECK(configured->settingsRevision !=
         offlineHash("toolhost.tool-settings.v1",
-                    R"({"settings":{"units":"metric"},"tool":"weather-lookup","toolRevision":")" + tool->revision + R"("})"));
+                    R"({"settings":{"units":"metric"},"tool":"weather-lookup","toolRevision":")" +
+                        tool->revision + R"("})"));
   auto again = registry.configure("weather-lookup", tool->revision, json::object{{"units", "metric"}});
   CHECK_FALSE(again->created);
+  CHECK(again->settingsRevision == configured->settingsRevision);
+  // The salt's key lasts with the store; another store salts with its own.
+  Registry reopened(*temp.store);
+  CHECK(reopened.configure("weather-lookup", tool->revision, json::object{{"units", "metric"}})
+            ->settingsRevision == configured->settingsRevision);
+  TempStore elsewhere;
+  Registry otherStore(*elsewhere.store);
+  REQUIRE(otherStore.install(withSchema).has_value());
+  CHECK(otherStore.configure("weather-lookup", tool->revision, json::object{{"units", "metric"}})
+            ->settingsRevision != configured->settingsRevision);
+  auto problems = registry.verifyAll();
+  REQUIRE(problems.has_value());
+  CHECK(problems->empty());
   CHECK(registry.trySettingsRevision("weather-lookup", tool->revision) == configured->settingsRevision);
 
   auto values = registry.getSettings(configured->settingsRevision, "weather-lookup", tool->revision);

@@ -3,14 +3,15 @@
 #include "daemon/errors.h"
 #include "protocol/json_text.h"
 
+#include <poll.h>
+#include <spdlog/spdlog.h>
+#include <atomic>
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/bind_cancellation_slot.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/write.hpp>
-#include <poll.h>
-#include <spdlog/spdlog.h>
 
 namespace toolhost::daemon {
 namespace asio = boost::asio;
@@ -25,6 +26,13 @@ constexpr std::size_t kMaxQueuedNotificationBytes = 64 * 1024 * 1024;
 // Beyond this many bytes of answers not yet written, nothing more is read from the client (the
 // answers of what is in flight still queue: at most max_in_flight of them).
 constexpr std::size_t kMaxQueuedAnswerBytes = 8 * 1024 * 1024;
+// Answers held, encoded and not yet read by their client, per connection and for the whole
+// daemon: an answer that would pass either is replaced by an output-too-large error (answers up
+// to kAlwaysAnsweredBytes always go, so that every client makes progress).
+constexpr std::size_t kMaxHeldAnswerBytes = 64 * 1024 * 1024;
+constexpr std::size_t kMaxDaemonAnswerBytes = 512 * 1024 * 1024;
+constexpr std::size_t kAlwaysAnsweredBytes = 64 * 1024;
+std::atomic<std::size_t> heldAnswerBytes{0};
 constexpr auto as_tuple_awaitable = asio::as_tuple(use_awaitable);
 
 // A request id as JSON text: its key for $/cancelRequest and its name in the log. Integers, the
@@ -79,6 +87,54 @@ asio::awaitable<void> Session::run() {
 }
 
 Session::~Session() { runCloseHooks(); }
+
+Session::AnswerCharge::AnswerCharge(std::size_t bytes) : bytes_(bytes) {
+  heldAnswerBytes.fetch_add(bytes);
+}
+
+Session::AnswerCharge::~AnswerCharge() { heldAnswerBytes.fetch_sub(bytes_); }
+
+std::size_t Session::AnswerCharge::total() { return heldAnswerBytes.load(); }
+
+std::string Session::answerText(const json::value& response) {
+  std::string text = protocol::encodeLine(response);
+  text.pop_back();  // the LF
+  const std::size_t held = queuedBytes_ + batchBytes_;
+  const std::size_t daemonHeld = AnswerCharge::total();
+  if (text.size() <= kAlwaysAnsweredBytes || (held + text.size() <= kMaxHeldAnswerBytes &&
+                                              daemonHeld + text.size() <= kMaxDaemonAnswerBytes)) {
+    return text;
+  }
+  const bool connection = held + text.size() > kMaxHeldAnswerBytes;
+  spdlog::warn(
+      "conn={} an answer of {} bytes was replaced by output-too-large: {} bytes of answers "
+      "are waiting to be read {}",
+      id_, text.size(), connection ? held : daemonHeld,
+      connection ? "on this connection" : "in the daemon");
+  const json::value* id = response.is_object() ? response.as_object().if_contains("id") : nullptr;
+  auto error = protocol::makeError(
+      app_error::kOutputTooLarge, "output-too-large",
+      "the answer is " + std::to_string(text.size()) + " bytes, and " +
+          (connection ? "this connection already holds " + std::to_string(held) +
+                            " bytes of answers it has not read (the limit is " +
+                            std::to_string(kMaxHeldAnswerBytes) + ")"
+                      : "the daemon already holds " + std::to_string(daemonHeld) +
+                            " bytes of answers its clients have not read (the limit is " +
+                            std::to_string(kMaxDaemonAnswerBytes) + ")") +
+          "; read the answers first, or ask for less at once");
+  text = protocol::encodeLine(
+      protocol::errorResponse(id != nullptr ? *id : json::value(nullptr), error));
+  text.pop_back();
+  return text;
+}
+
+void Session::holdInBatch(BatchState& batch, std::size_t index, const json::value& response) {
+  std::string text = answerText(response);
+  batch.bytes += text.size();
+  batchBytes_ += text.size();
+  AnswerCharge charge(text.size());
+  batch.responses[index] = HeldAnswer{std::move(text), std::move(charge)};
+}
 
 void Session::onClose(std::function<void()> hook) {
   if (closed_) {
@@ -240,7 +296,7 @@ void Session::handle(Decoded decoded, std::size_t slots) {
   for (std::size_t i = 0; i < decoded->entries.size(); ++i) {
     auto& entry = decoded->entries[i];
     if (auto* invalid = std::get_if<protocol::InvalidEntry>(&entry)) {
-      batch->responses[i] = protocol::errorResponse(invalid->id, invalid->error);
+      holdInBatch(*batch, i, protocol::errorResponse(invalid->id, invalid->error));
       --batch->remaining;
     } else {
       spawnRequest(std::move(std::get<protocol::Request>(entry)), batch, i);
@@ -283,10 +339,10 @@ void Session::spawnRequest(protocol::Request request, std::shared_ptr<BatchState
       }
     }
     if (batch) {
-      if (response) batch->responses[index] = std::move(*response);
+      if (response) holdInBatch(*batch, index, *response);
       if (--batch->remaining == 0) finishBatch(*batch);
     } else if (response) {
-      enqueue(protocol::encodeLine(*response), 1);
+      enqueue(answerText(*response) + '\n', 1);
     } else {
       releaseSlots(1);
     }
@@ -337,10 +393,10 @@ asio::awaitable<void> Session::serveRequest(std::shared_ptr<Session> self, proto
     }
   }
   if (batch) {
-    if (response) batch->responses[index] = std::move(*response);
+    if (response && !peerGone_) holdInBatch(*batch, index, *response);
     if (--batch->remaining == 0) finishBatch(*batch);
   } else if (response && !peerGone_) {
-    enqueue(protocol::encodeLine(*response), 1);
+    enqueue(answerText(*response) + '\n', 1);
   } else {
     releaseSlots(1);
   }
@@ -348,16 +404,28 @@ asio::awaitable<void> Session::serveRequest(std::shared_ptr<Session> self, proto
 }
 
 void Session::finishBatch(BatchState& batch) {
-  json::array responses;
-  for (auto& response : batch.responses) {
-    if (response) responses.push_back(std::move(*response));
+  std::string line;
+  bool any = false;
+  if (!peerGone_) {
+    line.reserve(batch.bytes + batch.responses.size() + 2);
+    line += '[';
+    for (const auto& response : batch.responses) {
+      if (!response) continue;
+      if (any) line += ',';
+      line += response->text;
+      any = true;
+    }
+    line += "]\n";
   }
+  batchBytes_ -= std::min(batch.bytes, batchBytes_);
+  batch.bytes = 0;
+  batch.responses.clear();
   // A batch of notifications only is answered with nothing at all.
-  if (responses.empty() || peerGone_) {
+  if (!any || peerGone_) {
     releaseSlots(batch.slots);
     return;
   }
-  enqueue(protocol::encodeLine(responses), batch.slots);
+  enqueue(std::move(line), batch.slots);
 }
 
 void Session::enqueue(std::string bytes, std::size_t slots) {
@@ -366,7 +434,8 @@ void Session::enqueue(std::string bytes, std::size_t slots) {
     return;
   }
   queuedBytes_ += bytes.size();
-  queue_.push_back(Outgoing{std::move(bytes), slots});
+  AnswerCharge charge(bytes.size());
+  queue_.push_back(Outgoing{std::move(bytes), slots, std::move(charge)});
   writeWake_.cancel();
 }
 
@@ -399,7 +468,7 @@ asio::awaitable<void> Session::writeLoop([[maybe_unused]] std::shared_ptr<Sessio
     writing_ = true;
     auto [ec, n] = co_await asio::async_write(socket_, buffers, as_tuple_awaitable);
     writing_ = false;
-    queuedBytes_ -= total;
+    queuedBytes_ -= std::min(total, queuedBytes_);  // peerGone() may have zeroed it meanwhile
     std::size_t slots = 0;
     for (const auto& item : sending) slots += item.slots;
     releaseSlots(slots);

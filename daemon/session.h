@@ -20,6 +20,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace toolhost::daemon {
@@ -53,15 +54,39 @@ class Session : public std::enable_shared_from_this<Session> {
   RoleSet roles() const { return roles_; }
 
  private:
+  // Answer bytes held (encoded, not yet written) counted in every session's total, which bounds
+  // them for the whole daemon; given back when the bytes are dropped.
+  class AnswerCharge {
+   public:
+    explicit AnswerCharge(std::size_t bytes = 0);
+    AnswerCharge(AnswerCharge&& other) noexcept : bytes_(std::exchange(other.bytes_, 0)) {}
+    AnswerCharge& operator=(AnswerCharge&& other) noexcept {
+      std::swap(bytes_, other.bytes_);
+      return *this;
+    }
+    ~AnswerCharge();
+    // Bytes held by every session of the process.
+    static std::size_t total();
+
+   private:
+    std::size_t bytes_ = 0;
+  };
+  // A batch entry's answer, encoded as it finished (without the line's LF).
+  struct HeldAnswer {
+    std::string text;
+    AnswerCharge charge;
+  };
   struct BatchState {
-    std::vector<std::optional<boost::json::value>> responses;
+    std::vector<std::optional<HeldAnswer>> responses;
     std::size_t remaining = 0;
     std::size_t slots = 0;  // in-flight slots it holds: one per entry
+    std::size_t bytes = 0;  // of its answers so far (in the session's batchBytes_)
   };
   using Decoded = boost::system::result<protocol::Incoming, protocol::RpcError>;
   struct Outgoing {
     std::string bytes;
     std::size_t slots = 0;  // in-flight slots released once written
+    AnswerCharge charge;
   };
 
   boost::asio::awaitable<void> readLoop();
@@ -79,6 +104,11 @@ class Session : public std::enable_shared_from_this<Session> {
   void handle(Decoded decoded, std::size_t slots);
   void spawnRequest(protocol::Request request, std::shared_ptr<BatchState> batch, std::size_t index);
   void finishBatch(BatchState& batch);
+  // The answer as JSON text (without LF), or an output-too-large error in its place when this
+  // connection or the daemon already holds too many bytes of answers nobody read.
+  std::string answerText(const boost::json::value& response);
+  // Keeps an entry's answer until its batch is answered.
+  void holdInBatch(BatchState& batch, std::size_t index, const boost::json::value& response);
   void enqueue(std::string bytes, std::size_t slots);
   void releaseSlots(std::size_t slots);
   void wake();
@@ -111,6 +141,7 @@ class Session : public std::enable_shared_from_this<Session> {
   boost::asio::steady_timer writeWake_;  // writer waiting for output
   std::deque<Outgoing> queue_;
   std::size_t queuedBytes_ = 0;
+  std::size_t batchBytes_ = 0;  // answers of batch entries held until their batch is answered
   std::uint64_t nextRequestKey_ = 1;
   std::map<std::uint64_t, std::shared_ptr<boost::asio::cancellation_signal>> requests_;
   std::multimap<std::string, std::uint64_t> requestKeysById_;  // JSON id text -> request key

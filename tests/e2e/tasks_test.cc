@@ -571,3 +571,42 @@ TEST_CASE("tasks: tools.call takes as taskId only a function call of the revisio
   }
   CHECK(errorKind(call(std::string(kUnknownId))) == "not-found");
 }
+
+TEST_CASE("the answers a client has not read stay bounded: the excess is output-too-large",
+          "[e2e][tasks][jsonrpc]") {
+  auto daemon = DaemonProcess::start();
+  RawClient client(daemon->socket());
+  const auto tasks =
+      append(client, json::array{message("user", json::string(std::string(1'000'000, 'y')))});
+  const std::string id = idOf(tasks[0]);
+  // 100 reads of a 1 MB task in one batch: 100 MB of answers, past the connection's 64 MiB.
+  std::string line = "[";
+  for (int i = 0; i < 100; ++i) {
+    line += R"({"jsonrpc":"2.0","method":"tasks.get","params":{"id":")" + id + R"("},"id":)" +
+            std::to_string(i) + "},";
+  }
+  line.back() = ']';
+  client.send(line + "\n");
+  auto answers = client.readJson(std::chrono::seconds(60)).as_array();
+  REQUIRE(answers.size() == 100);
+  std::size_t read = 0;
+  std::size_t refused = 0;
+  for (const auto& answer : answers) {
+    if (answer.as_object().contains("result")) {
+      ++read;
+      continue;
+    }
+    const auto& error = answer.at("error").as_object();
+    CHECK(error.at("code") == -32007);
+    CHECK(error.at("data").at("kind") == "output-too-large");
+    CHECK_THAT(str(error.at("data").at("detail")),
+               Catch::Contains("this connection already holds"));
+    ++refused;
+  }
+  CHECK(read >= 50);
+  CHECK(read <= 68);  // 64 MiB of answers of 1 MB
+  CHECK(read + refused == 100);
+  // Once read, the next answers go in full.
+  auto again = client.call("tasks.get", json::object{{"id", id}});
+  CHECK(again.contains("result"));
+}

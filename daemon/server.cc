@@ -27,9 +27,10 @@ namespace {
 
 std::string errnoText(int error) { return std::strerror(error); }
 
-// Connects to `path`; true when something is listening there.
+// Connects to `path`; true when something is listening there. Never waits: a listener whose
+// backlog is full (stopped, or out of descriptors) answers EAGAIN, and that is somebody too.
 bool somebodyListens(const fs::path& path, int& error) {
-  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) {
     error = errno;
     return false;
@@ -40,7 +41,7 @@ bool somebodyListens(const fs::path& path, int& error) {
   int rc = ::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address);
   error = rc == 0 ? 0 : errno;
   ::close(fd);
-  return rc == 0;
+  return rc == 0 || error == EAGAIN;
 }
 
 void logIfThrew(const char* what, std::exception_ptr error) {

@@ -15,6 +15,7 @@
 #include <set>
 #include <sstream>
 #include <thread>
+#include <vector>
 
 using namespace toolhost::testing;
 namespace json = boost::json;
@@ -95,6 +96,35 @@ TEST_CASE("a stale socket is replaced, a live one stops a second daemon", "[e2e]
   CHECK(client.call("ping").contains("result"));
   RawClient again(socket);
   CHECK(again.call("ping").contains("result"));
+}
+
+TEST_CASE("a listener that accepts nobody still stops a second daemon at once", "[e2e][daemon]") {
+  TempDir dir;
+  auto socket = dir.path() / "s";
+  // A listener that never accepts, its backlog full: a blocking connect to it waits forever.
+  int listener = ::socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  std::strncpy(address.sun_path, socket.c_str(), sizeof address.sun_path - 1);
+  REQUIRE(::bind(listener, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0);
+  REQUIRE(::listen(listener, 0) == 0);
+  std::vector<int> queued;
+  for (int i = 0; i < 16; ++i) {
+    int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0) {
+      ::close(fd);
+      break;
+    }
+    queued.push_back(fd);
+  }
+  DaemonOptions second;
+  second.socketPath = socket;
+  second.waitUntilReady = false;
+  auto rival = DaemonProcess::start(second);
+  CHECK(rival->wait(std::chrono::seconds(10)) == 1);
+  CHECK_THAT(rival->log(), Catch::Contains("already listening"));
+  for (int fd : queued) ::close(fd);
+  ::close(listener);
 }
 
 TEST_CASE("a socket path that is not a socket is left alone", "[e2e][daemon]") {

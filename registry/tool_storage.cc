@@ -406,20 +406,59 @@ StorageResult<std::vector<ToolUsage>> ToolStorage::tools() {
 
 StorageResult<StorageUsage> ToolStorage::clear(std::string_view tool) {
   if (auto refusal = checkTool(tool)) return *refusal;
-  auto written = store_.write([&](store::WriteTxn& txn) -> boost::system::result<StorageUsage> {
-    std::vector<std::string> rows;
-    StorageUsage removed;
-    txn.scan(values_, Session::prefixOf(tool), [&](std::string_view key, std::string_view value) {
-      rows.emplace_back(key);
-      ++removed.keys;
-      removed.bytes += key.size() - tool.size() - 1 + value.size();
-    });
-    for (const auto& row : rows) txn.erase(values_, row);
-    txn.erase(usage_, tool);
-    return removed;
+  // In transactions of a few rows each. A delete needs room too: LMDB copies the pages it
+  // changes and records the pages it frees, and in a full map one transaction over every row of
+  // a large tool never fits, which left no way to free the room the tool holds. A transaction
+  // that does not fit is tried again with half as many rows, down to one; one that fits lets the
+  // next take twice as many (the room it freed is usable two commits later). Each commit keeps
+  // the usage row true to the rows left, so a clear cut short leaves a consistent store.
+  constexpr std::size_t kMaxRowsPerTransaction = 64;
+  // The rows there now, and no more: tools writing meanwhile cannot keep the clear going.
+  auto counted = store_.read([&](store::ReadTxn& txn) {
+    const auto text = txn.tryGet(usage_, tool);
+    return text ? parseUsage(*text).value_or(StorageUsage{}).keys : std::uint64_t{0};
   });
-  if (!written) return storeFailure(store_, written.error());
-  return *written;
+  if (!counted) return storeFailure(store_, counted.error());
+  std::uint64_t commits = *counted + 2;  // each removes at least one row
+  std::size_t rowsPerTransaction = kMaxRowsPerTransaction;
+  StorageUsage removed;
+  while (commits > 0) {
+    auto written = store_.write([&](store::WriteTxn& txn) -> boost::system::result<StorageUsage> {
+      std::vector<std::string> rows;
+      StorageUsage chunk;
+      txn.scan(values_, Session::prefixOf(tool), [&](std::string_view key, std::string_view value) {
+        rows.emplace_back(key);
+        ++chunk.keys;
+        chunk.bytes += key.size() - tool.size() - 1 + value.size();
+        return rows.size() < rowsPerTransaction;
+      });
+      for (const auto& row : rows) txn.erase(values_, row);
+      if (rows.size() == rowsPerTransaction) {
+        const auto text = txn.tryGet(usage_, tool);
+        const StorageUsage before =
+            text ? parseUsage(*text).value_or(StorageUsage{}) : StorageUsage{};
+        txn.put(usage_, tool,
+                usageText(StorageUsage{minus(before.keys, chunk.keys),
+                                       minus(before.bytes, chunk.bytes)}));
+      } else {
+        txn.erase(usage_, tool);
+      }
+      return chunk;
+    });
+    const bool full = !written && (written.error() == store::StoreErrc::mapFull ||
+                                   written.error() == store::StoreErrc::diskFull);
+    if (full && rowsPerTransaction > 1) {
+      rowsPerTransaction /= 2;
+      continue;
+    }
+    if (!written) return storeFailure(store_, written.error());
+    --commits;
+    removed.keys += written->keys;
+    removed.bytes += written->bytes;
+    if (written->keys < rowsPerTransaction) break;
+    rowsPerTransaction = std::min(rowsPerTransaction * 2, kMaxRowsPerTransaction);
+  }
+  return removed;
 }
 
 }  // namespace toolhost::registry

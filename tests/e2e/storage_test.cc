@@ -265,6 +265,35 @@ TEST_CASE("ctx.storage: quotas, bad keys and a manifest without the capability a
   CHECK(again.at("c").at("ok").at("maxKeys") == 3);
 }
 
+TEST_CASE("storage.clear frees a state database a tool filled", "[e2e][storage]") {
+  DaemonOptions options;
+  options.configToml = "[store]\nmap_size_mb = 8\n";
+  auto daemon = DaemonProcess::start(options);
+  RawClient client(daemon->socket());
+  deploy(
+      client,
+      storageTool("filler",
+                  "export default async (a, ctx) => {\n"
+                  "  let i = 0;\n"
+                  "  try {\n"
+                  "    for (; i < 1000; i++) await ctx.storage.set('k' + i, 'x'.repeat(60000));\n"
+                  "  } catch (e) { return { stored: i, code: e.code }; }\n"
+                  "  return { stored: i };\n"
+                  "};"));
+  auto filled = callTool(client, "filler");
+  INFO(toolhost::protocol::writeJson(filled));
+  REQUIRE(filled.at("code") == "storage-full");
+  const auto stored = filled.at("stored").to_number<std::int64_t>();
+  REQUIRE(stored > 64);
+  // One transaction over every row would not fit in the full map; the clear still goes through.
+  auto cleared = resultOf(client.call("storage.clear", json::object{{"tool", "filler"}}));
+  CHECK(cleared.at("keys") == stored);
+  CHECK(resultOf(client.call("storage.list", json::object{{"tool", "filler"}})).at("keys") == 0);
+  // The room is the tool's again (less what LMDB keeps for its own bookkeeping meanwhile).
+  auto again = callTool(client, "filler");
+  CHECK(again.at("stored").to_number<std::int64_t>() > stored / 2);
+}
+
 TEST_CASE("[storage] settings out of range stop the daemon with a clear message",
           "[e2e][storage]") {
   DaemonOptions options;

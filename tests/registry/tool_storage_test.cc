@@ -331,6 +331,33 @@ TEST_CASE("storage: a full state database is storage-full, and only what does no
   CHECK(*s.usage("t") == StorageUsage{2, 12});
 }
 
+TEST_CASE("storage: clear frees a state database that is full", "[registry][storage]") {
+  TempStore t(8);  // an 8 MiB map: ~135 values, whose freed pages one transaction cannot record
+  ToolStorage& s = *t.storage;
+  StorageQuotas quotas;
+  quotas.maxKeys = 100000;
+  quotas.maxValueBytes = std::size_t{1} << 20;
+  quotas.maxTotalBytes = std::size_t{64} << 20;
+  const json::value value = json::string(60000, 'x');
+  std::uint64_t stored = 0;
+  for (int i = 0; i < 1000; ++i) {
+    auto set = s.set("filler", "k" + std::to_string(i), value, quotas);
+    if (!set) {
+      CHECK(set.error().code == StorageErrc::full);
+      break;
+    }
+    ++stored;
+  }
+  REQUIRE(stored > 16);
+  auto cleared = s.clear("filler");
+  REQUIRE(ok(cleared));
+  CHECK(cleared->keys == stored);
+  CHECK(s.list("filler")->empty());
+  CHECK(*s.usage("filler") == StorageUsage{});
+  CHECK(ok(s.set("filler", "again", value, quotas)));
+  CHECK(*s.usage("filler") == StorageUsage{1, cost("again", value.as_string().c_str()) + 2});
+}
+
 TEST_CASE("storage: concurrent writers keep the usage exact", "[registry][storage]") {
   TempStore t;
   ToolStorage& s = *t.storage;

@@ -8,7 +8,7 @@
 //    the host finishes the operation whenever it is done, from any thread, through the
 //    HostOperation it was given. The call waits for every operation it started.
 // "A V8 worker thread" is where SandboxPool calls; ProcessSandboxPool calls the daemon's host on
-// one of its own two host threads instead (the V8 worker thread is in the sandbox host process,
+// one of its own host threads instead (the V8 worker thread is in the sandbox host process,
 // waiting), with the same rules: thread-safe, short, never blocking for long.
 #pragma once
 

@@ -56,6 +56,9 @@ constexpr std::size_t kMaxCachedTools = 256;
 // How long a new host has to answer its first ping (it starts V8 meanwhile).
 constexpr milliseconds kStartupTimeout{10000};
 constexpr int kHostThreads = 2;
+// Quick requests (resolveInvocation, createSubtasks) read task lineages, which can take seconds
+// for a long one: on a thread of their own, they never delay other tools' operations and aborts.
+constexpr int kQuickRequestThreads = 1;
 
 // How long an honest host takes at most to answer a cancel: a call not inside V8 at that moment
 // is answered at once; one inside V8 is terminated, or reported stalled within the grace (plus
@@ -306,6 +309,7 @@ struct ProcessSandboxPool::Impl : std::enable_shared_from_this<ProcessSandboxPoo
   std::vector<std::string> environment;
 
   asio::thread_pool hostThreads{kHostThreads};
+  asio::thread_pool quickRequestThreads{kQuickRequestThreads};
   Supervisor supervisor;
   std::atomic<std::uint64_t> nextCallId{1};
 
@@ -1001,7 +1005,7 @@ void ProcessSandboxPool::Impl::handle(const std::shared_ptr<Process>& process,
           json::object{{"t", "reply"}, {"rid", rid}, {"error", "the call has ended"}});
       return;
     }
-    asio::post(hostThreads, [self = shared_from_this(), process, rid, tool, name] {
+    asio::post(quickRequestThreads, [self = shared_from_this(), process, rid, tool, name] {
       QuickRequestDone done(*process);
       json::object reply{{"t", "reply"}, {"rid", rid}};
       try {
@@ -1035,24 +1039,24 @@ void ProcessSandboxPool::Impl::handle(const std::shared_ptr<Process>& process,
           json::object{{"t", "reply"}, {"rid", rid}, {"error", "the call has ended"}});
       return;
     }
-    asio::post(hostThreads, [self = shared_from_this(), process, rid, tool,
-                             drafts = ipc::field(message, "drafts"),
-                             invocation = std::move(invocation)] {
-      QuickRequestDone done(*process);
-      json::object reply{{"t", "reply"}, {"rid", rid}};
-      try {
-        auto answer = self->host.createSubtasks(*tool, drafts, invocation);
-        if (answer) {
-          reply["ok"] = std::move(*answer);
-        } else {
-          reply["error"] = answer.error();
-        }
-      } catch (const std::exception& e) {
-        spdlog::error("runtime: createSubtasks for {} threw: {}", tool->name, e.what());
-        reply["error"] = "the daemon failed to answer";
-      }
-      process->channel->send(reply);
-    });
+    asio::post(quickRequestThreads,
+               [self = shared_from_this(), process, rid, tool,
+                drafts = ipc::field(message, "drafts"), invocation = std::move(invocation)] {
+                 QuickRequestDone done(*process);
+                 json::object reply{{"t", "reply"}, {"rid", rid}};
+                 try {
+                   auto answer = self->host.createSubtasks(*tool, drafts, invocation);
+                   if (answer) {
+                     reply["ok"] = std::move(*answer);
+                   } else {
+                     reply["error"] = answer.error();
+                   }
+                 } catch (const std::exception& e) {
+                   spdlog::error("runtime: createSubtasks for {} threw: {}", tool->name, e.what());
+                   reply["error"] = "the daemon failed to answer";
+                 }
+                 process->channel->send(reply);
+               });
   } else if (type == "opStart") {
     const auto op = ipc::uintField(message, "op");
     const auto callId = ipc::uintField(message, "call");
@@ -1235,6 +1239,7 @@ void ProcessSandboxPool::Impl::shutdown() {
         "the runtime is shutting down", true);
   }
   supervisor.join();   // every process killed and reaped
+  quickRequestThreads.join();
   hostThreads.join();  // every host request and abort has run
 }
 

@@ -7,9 +7,11 @@
 //
 // Caveats:
 //  - The I/O with the host processes runs on the executor given to the constructor (the daemon's
-//    io_context; never blocked). Requests from sandboxes to the CapabilityHost (quick ones and
-//    startOperation) and the hosts' abort functions run on two threads of the pool's own, so a
-//    host that blocks briefly (an LMDB read) never holds up the I/O.
+//    io_context; never blocked). Requests from sandboxes to the CapabilityHost (startOperation)
+//    and the hosts' abort functions run on two threads of the pool's own, so a host that blocks
+//    briefly (an LMDB read) never holds up the I/O; quick requests (resolveInvocation,
+//    createSubtasks, which read task lineages of up to 100,000 tasks) on a third, so that a long
+//    lineage delays only other quick requests.
 //  - A host process ends unexpectedly (V8 aborted, killed from outside, a protocol error): each of
 //    its calls ends at once with CallErrc::sandboxCrashed (cancelled if its caller had cancelled
 //    it), their host operations are aborted, and the process is started again on the next call

@@ -19,10 +19,12 @@
 #include <boost/asio/local/stream_protocol.hpp>
 #include <boost/json/parse.hpp>
 
+#include <atomic>
 #include <condition_variable>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -594,6 +596,58 @@ TEST_CASE("quick capabilities reach the daemon's host through the socket", "[pro
   REQUIRE(f.host.subtasks.size() == 1);
   CHECK(f.host.subtasks[0] ==
         R"(test-tool [{"kind":"call","name":"weather"}] {"taskId":"sha256:task-parent"})");
+}
+
+TEST_CASE("slow quick requests never hold up other tools' operations", "[process][ctx]") {
+  // A quick request holds its V8 worker in the sandbox host until answered: enough workers for
+  // the slow ones and the fetching call.
+  RuntimeConfig config = processConfig();
+  config.workers = 5;
+  ProcessFixture f(config);
+  std::mutex mutex;
+  std::condition_variable released;
+  bool release = false;
+  std::atomic<int> blocked{0};
+  // A resolve that takes as long as a very long task lineage would.
+  f.host.beforeResolve = [&] {
+    ++blocked;
+    std::unique_lock lock(mutex);
+    released.wait(lock, [&] { return release; });
+  };
+  f.host.onOperation(
+      [](const std::string&, const json::value&, std::shared_ptr<HostOperation> operation) {
+        operation->complete(fetchReply(200, "fetched"));
+      });
+  const json::object subtasks{{"capabilities", json::object{{"subtasks", true}}}};
+  const char* resolving = "export default async (args, ctx) => ctx.resolveInvocation('weather')";
+  // More slow requests than the pool has threads for operations.
+  std::vector<toolhost::registry::ToolRevisionPtr> resolvers;
+  for (int i = 0; i < 3; ++i) resolvers.push_back(makeTool(resolving, subtasks));
+  std::vector<std::thread> callers;
+  for (const auto& tool : resolvers) callers.emplace_back([&f, tool] { f.call(tool); });
+  REQUIRE(waitFor([&] { return blocked.load() >= 1; }));
+  std::this_thread::sleep_for(milliseconds(200));  // the others queue behind it meanwhile
+
+  auto fetcher =
+      makeTool("export default async () => (await fetch('https://api.example/')).text()");
+  std::atomic<bool> fetched = false;
+  std::optional<CallOutcome> outcome;
+  callers.emplace_back([&] {
+    outcome = f.call(fetcher);
+    fetched = true;
+  });
+  const bool prompt = waitFor([&] { return fetched.load(); }, milliseconds(5000));
+  {
+    std::lock_guard lock(mutex);
+    release = true;
+  }
+  released.notify_all();
+  for (auto& caller : callers) caller.join();
+  CHECK(prompt);
+  REQUIRE(outcome);
+  INFO(describe(*outcome));
+  REQUIRE(outcome->result);
+  CHECK(*outcome->result == "fetched");
 }
 
 TEST_CASE("host operations cross the socket: complete, pause, resume, fail and abort",

@@ -444,7 +444,8 @@ Result loadConfig(const CommandLine& commandLine) {
              checkSection(table, file, "state", {"dir"}),
              checkSection(table, file, "store", {"map_size_mb"}),
              checkSection(table, file, "limits",
-                          {"max_message_bytes", "max_depth", "max_batch", "max_in_flight"}),
+                          {"max_message_bytes", "max_depth", "max_batch", "max_in_flight",
+                           "max_connections"}),
              checkSection(table, file, "log", {"level", "format"}),
              checkSection(table, file, "policy", {"prompt_timeout_ms", "audit_max_entries"}),
              checkSection(table, file, "popup", {}),
@@ -499,6 +500,7 @@ Result loadConfig(const CommandLine& commandLine) {
              readCount(table, file, "limits", "max_batch", config.limits.maxBatch, 1, 100000),
              readCount(table, file, "limits", "max_in_flight", config.limits.maxInFlight, 1,
                        100000),
+             readCount(table, file, "limits", "max_connections", config.maxConnections, 1, 100000),
          }) {
       if (error) return *error;
     }
@@ -631,6 +633,7 @@ ConfigChanges reconcileReload(const Config& running, Config& next) {
   compare(applied, "limits.max_depth", running.limits.maxDepth, next.limits.maxDepth);
   compare(applied, "limits.max_batch", running.limits.maxBatch, next.limits.maxBatch);
   compare(applied, "limits.max_in_flight", running.limits.maxInFlight, next.limits.maxInFlight);
+  compare(applied, "limits.max_connections", running.maxConnections, next.maxConnections);
   compare(applied, "log.level", running.logLevel, next.logLevel);
   compare(applied, "server.shutdown_grace_ms", running.shutdownGrace.count(),
           next.shutdownGrace.count());

@@ -60,6 +60,8 @@ struct Config {
   unsigned ioThreads = 1;
   std::chrono::milliseconds shutdownGrace{10000};
   protocol::WireLimits limits;
+  // Connections open at once ([limits] max_connections); admins may always connect.
+  std::size_t maxConnections = 256;
   std::string logLevel = "info";
   LogFormat logFormat = LogFormat::automatic;
   AccessRules access;

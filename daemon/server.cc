@@ -184,6 +184,21 @@ asio::awaitable<void> Server::acceptLoop() {
   }
 }
 
+namespace {
+// Sends a refused peer one error line and closes the connection.
+void refuse(stream_protocol::socket socket, const protocol::RpcError& error) {
+  auto line =
+      std::make_shared<std::string>(protocol::encodeLine(protocol::errorResponse(nullptr, error)));
+  auto owned = std::make_shared<stream_protocol::socket>(std::move(socket));
+  asio::async_write(*owned, asio::buffer(*line),
+                    [owned, line](const boost::system::error_code&, std::size_t) {
+                      boost::system::error_code ignored;
+                      owned->shutdown(stream_protocol::socket::shutdown_both, ignored);
+                      owned->close(ignored);
+                    });
+}
+}  // namespace
+
 void Server::startSession(stream_protocol::socket socket) {
   std::uint64_t id = nextId_++;
   PeerCredentials peer;
@@ -197,21 +212,29 @@ void Server::startSession(stream_protocol::socket socket) {
   if (roles.empty()) {
     spdlog::warn("conn={} refused uid={} gid={} pid={}: no access rule allows it", id, peer.uid,
                  peer.gid, peer.pid);
-    auto error = protocol::RpcError{app_error::kUnauthorized,
-                                    std::string(app_error::message(app_error::kUnauthorized)),
-                                    "peer-refused",
-                                    "uid " + std::to_string(peer.uid) +
-                                        " may not use this daemon; an [[access]] rule in its "
-                                        "config can allow it"};
-    auto line = std::make_shared<std::string>(
-        protocol::encodeLine(protocol::errorResponse(nullptr, error)));
-    auto owned = std::make_shared<stream_protocol::socket>(std::move(socket));
-    asio::async_write(*owned, asio::buffer(*line),
-                      [owned, line](const boost::system::error_code&, std::size_t) {
-                        boost::system::error_code ignored;
-                        owned->shutdown(stream_protocol::socket::shutdown_both, ignored);
-                        owned->close(ignored);
-                      });
+    refuse(std::move(socket),
+           protocol::RpcError{app_error::kUnauthorized,
+                              std::string(app_error::message(app_error::kUnauthorized)),
+                              "peer-refused",
+                              "uid " + std::to_string(peer.uid) +
+                                  " may not use this daemon; an [[access]] rule in its config "
+                                  "can allow it"});
+    return;
+  }
+  // Each connection may hold a partial line and answers in memory: their number is bounded too.
+  // Admins are always let in, so that a flood of other clients never locks the operator out.
+  if (!roles.has(Role::admin) && connectionCount() >= config->maxConnections) {
+    spdlog::warn(
+        "conn={} refused uid={} pid={}: {} connections are open, the limit "
+        "([limits] max_connections)",
+        id, peer.uid, peer.pid, config->maxConnections);
+    refuse(std::move(socket),
+           protocol::RpcError{app_error::kOverloaded,
+                              std::string(app_error::message(app_error::kOverloaded)),
+                              "too-many-connections",
+                              std::to_string(config->maxConnections) +
+                                  " connections are open, the daemon's limit ([limits] "
+                                  "max_connections); close one, or try again later"});
     return;
   }
   spdlog::debug("conn={} open uid={} gid={} pid={} roles={}", id, peer.uid, peer.gid, peer.pid,

@@ -71,6 +71,7 @@ roles = ["host"]
   CHECK(config->limits.maxDepth == 16);
   CHECK(config->limits.maxBatch == 10);
   CHECK(config->limits.maxInFlight == 3);
+  CHECK(config->maxConnections == 256);
   CHECK(config->logLevel == "debug");
   CHECK(config->logFormat == LogFormat::json);
   CHECK(config->access.rolesFor(PeerCredentials{1, 54321, 1}) == RoleSet{Role::agent, Role::approver});
@@ -90,6 +91,7 @@ TEST_CASE("config errors name the key and what is wrong", "[config]") {
   };
   check("[limits]\nmax_depth = 0\n", "limits.max_depth");
   check("[limits]\nmax_in_flight = \"x\"\n", "limits.max_in_flight");
+  check("[limits]\nmax_connections = 0\n", "limits.max_connections");
   check("[log]\nlevel = \"loud\"\n", "log.level");
   check("[[access]]\nroles = [\"agent\"]\n", "needs one of user, uid, group or gid");
   check("[[access]]\nuid = 5\nroles = [\"emperor\"]\n", "unknown role");

@@ -288,6 +288,48 @@ TEST_CASE("a peer without an access rule gets one error naming its uid", "[e2e][
   CHECK(parse(served.out).at("caller").at("roles").as_array() == json::array{"agent"});
 }
 
+TEST_CASE("connections beyond max_connections are refused, admins still get in",
+          "[e2e][daemon][peers]") {
+  if (::geteuid() != 0) {
+    WARN("needs root to run a client as another uid; skipped");
+    return;
+  }
+  DaemonOptions options;
+  options.configToml =
+      "[limits]\nmax_connections = 2\n[[access]]\nuid = 65534\nroles = [\"agent\"]\n";
+  auto daemon = DaemonProcess::start(options);
+  ::chmod(daemon->dir().c_str(), 0755);
+  ::chmod(daemon->socket().c_str(), 0777);
+  auto agentInfo = [&] {
+    return runProgram({"setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                       ctlBinary().string(), "--socket", daemon->socket().string(), "info"});
+  };
+  auto first = std::make_unique<RawClient>(daemon->socket());
+  RawClient second(daemon->socket());
+  CHECK(first->call("ping").contains("result"));
+  CHECK(second.call("ping").contains("result"));
+
+  auto refused = agentInfo();
+  CHECK(refused.status == 1);
+  auto error = parse(refused.out);
+  CHECK(error.at("code") == -32010);
+  CHECK(error.at("data").at("kind") == "too-many-connections");
+  CHECK_THAT(daemon->log(), Catch::Contains("max_connections"));
+  // The operator is never locked out.
+  RawClient admin(daemon->socket());
+  CHECK(admin.call("ping").contains("result"));
+
+  first.reset();
+  admin.close();
+  auto served = [&] { return agentInfo().status == 0; };
+  bool agentServed = false;
+  for (int i = 0; i < 50 && !agentServed; ++i) {
+    agentServed = served();
+    if (!agentServed) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  CHECK(agentServed);
+}
+
 TEST_CASE("JSON log lines carry connection and request ids", "[e2e][daemon]") {
   DaemonOptions options;
   options.logFormat = "json";

@@ -155,6 +155,16 @@ int run(const daemon::Config& config, const daemon::CommandLine& commandLine) {
   facts.healthChecks.push_back(daemon::HealthCheck{"store", [&store] {
     auto stats = store.stats();
     if (!stats) return boost::json::object{{"ok", false}, {"detail", store.describe(stats.error())}};
+    if (stats->writesFull) {
+      return boost::json::object{
+          {"ok", false},
+          {"detail",
+           "the last write failed: the state database is full (its map, [store] map_size_mb, "
+           "or the disk); reads still work"},
+          {"usedBytes", stats->usedBytes},
+          {"mapSizeBytes", stats->mapSizeBytes},
+          {"schemaVersion", stats->schemaVersion}};
+    }
     return boost::json::object{{"ok", true},
                                {"usedBytes", stats->usedBytes},
                                {"mapSizeBytes", stats->mapSizeBytes},

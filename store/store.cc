@@ -479,6 +479,11 @@ boost::system::error_code Store::runWrite(detail::FunctionRef<bool(WriteTxn&)> f
   // tried once more, its callback run again from the start (callbacks act only through their
   // transaction, whose first attempt left nothing behind).
   if (ec == StoreErrc::mapFull && nudge()) ec = writeOnce(fn);
+  if (!ec) {
+    writesFull_.store(false);
+  } else if (ec == StoreErrc::mapFull || ec == StoreErrc::diskFull) {
+    writesFull_.store(true);
+  }
   return ec;
 }
 
@@ -516,6 +521,7 @@ boost::system::result<Stats> Store::stats() const {
   Stats stats;
   stats.path = path_;
   stats.schemaVersion = schemaVersion_;
+  stats.writesFull = writesFull_.load();
   MDB_envinfo info{};
   MDB_stat envStat{};
   if (int rc = mdb_env_info(env_, &info)) return mapError(rc, "stats", "");

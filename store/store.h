@@ -42,6 +42,7 @@
 //   <stateDir>/db/lock.mdb     LMDB's reader table
 #pragma once
 
+#include <atomic>
 #include <boost/system/error_code.hpp>
 #include <boost/system/result.hpp>
 #include <cstddef>
@@ -102,6 +103,9 @@ struct Stats {
   std::uint32_t maxReaders = 0;
   std::uint32_t schemaVersion = 0;
   std::vector<TableStats> tables;  // in the order given at open
+  // The most recent write failed because the map or the disk was full (a later write that
+  // succeeds clears it).
+  bool writesFull = false;
 };
 
 class Store;
@@ -304,6 +308,7 @@ class Store {
   // LMDB's writer mutex (in lock.mdb) serializes processes; this one queues the threads of this
   // process before they reach it.
   std::mutex writeMutex_;
+  std::atomic<bool> writesFull_{false};  // Stats::writesFull
 };
 
 template <class F>

@@ -285,9 +285,13 @@ TEST_CASE("storage.clear frees a state database a tool filled", "[e2e][storage]"
   REQUIRE(filled.at("code") == "storage-full");
   const auto stored = filled.at("stored").to_number<std::int64_t>();
   REQUIRE(stored > 64);
+  auto health = resultOf(client.call("daemon.health"));
+  CHECK(health.at("status") == "degraded");
+  CHECK(health.at("checks").at("store").at("ok") == false);
   // One transaction over every row would not fit in the full map; the clear still goes through.
   auto cleared = resultOf(client.call("storage.clear", json::object{{"tool", "filler"}}));
   CHECK(cleared.at("keys") == stored);
+  CHECK(resultOf(client.call("daemon.health")).at("status") == "ok");
   CHECK(resultOf(client.call("storage.list", json::object{{"tool", "filler"}})).at("keys") == 0);
   // The room is the tool's again (less what LMDB keeps for its own bookkeeping meanwhile).
   auto again = callTool(client, "filler");

@@ -96,9 +96,8 @@ Session::AnswerCharge::~AnswerCharge() { heldAnswerBytes.fetch_sub(bytes_); }
 
 std::size_t Session::AnswerCharge::total() { return heldAnswerBytes.load(); }
 
-std::string Session::answerText(const json::value& response) {
+std::string Session::answerLine(const json::value& response) {
   std::string text = protocol::encodeLine(response);
-  text.pop_back();  // the LF
   const std::size_t held = queuedBytes_ + batchBytes_;
   const std::size_t daemonHeld = AnswerCharge::total();
   if (text.size() <= kAlwaysAnsweredBytes || (held + text.size() <= kMaxHeldAnswerBytes &&
@@ -122,14 +121,13 @@ std::string Session::answerText(const json::value& response) {
                             " bytes of answers its clients have not read (the limit is " +
                             std::to_string(kMaxDaemonAnswerBytes) + ")") +
           "; read the answers first, or ask for less at once");
-  text = protocol::encodeLine(
+  return protocol::encodeLine(
       protocol::errorResponse(id != nullptr ? *id : json::value(nullptr), error));
-  text.pop_back();
-  return text;
 }
 
 void Session::holdInBatch(BatchState& batch, std::size_t index, const json::value& response) {
-  std::string text = answerText(response);
+  std::string text = answerLine(response);
+  text.pop_back();  // the LF: the entries are joined into one line
   batch.bytes += text.size();
   batchBytes_ += text.size();
   AnswerCharge charge(text.size());
@@ -342,7 +340,7 @@ void Session::spawnRequest(protocol::Request request, std::shared_ptr<BatchState
       if (response) holdInBatch(*batch, index, *response);
       if (--batch->remaining == 0) finishBatch(*batch);
     } else if (response) {
-      enqueue(answerText(*response) + '\n', 1);
+      enqueue(answerLine(*response), 1);
     } else {
       releaseSlots(1);
     }
@@ -396,7 +394,7 @@ asio::awaitable<void> Session::serveRequest(std::shared_ptr<Session> self, proto
     if (response && !peerGone_) holdInBatch(*batch, index, *response);
     if (--batch->remaining == 0) finishBatch(*batch);
   } else if (response && !peerGone_) {
-    enqueue(answerText(*response) + '\n', 1);
+    enqueue(answerLine(*response), 1);
   } else {
     releaseSlots(1);
   }

@@ -104,9 +104,9 @@ class Session : public std::enable_shared_from_this<Session> {
   void handle(Decoded decoded, std::size_t slots);
   void spawnRequest(protocol::Request request, std::shared_ptr<BatchState> batch, std::size_t index);
   void finishBatch(BatchState& batch);
-  // The answer as JSON text (without LF), or an output-too-large error in its place when this
-  // connection or the daemon already holds too many bytes of answers nobody read.
-  std::string answerText(const boost::json::value& response);
+  // The answer as a JSON line, or an output-too-large error in its place when this connection
+  // or the daemon already holds too many bytes of answers nobody read.
+  std::string answerLine(const boost::json::value& response);
   // Keeps an entry's answer until its batch is answered.
   void holdInBatch(BatchState& batch, std::size_t index, const boost::json::value& response);
   void enqueue(std::string bytes, std::size_t slots);

@@ -1,5 +1,7 @@
 #include "daemon/meta_methods.h"
 
+#include "daemon/session.h"
+
 #include "protocol/time_text.h"
 
 #include "runtime/v8_platform.h"
@@ -87,7 +89,11 @@ void registerMetaMethods(MethodTable& methods, const DaemonFacts& facts) {
                           {"socket", config.socketPath.string()},
                           {"caller", std::move(caller)},
                           {"limits", std::move(limits)}};
-        if (context.roles.has(Role::admin)) info["stateDir"] = config.stateDir.string();
+        if (context.roles.has(Role::admin)) {
+          info["stateDir"] = config.stateDir.string();
+          // Encoded answers not yet written to their clients, all connections together.
+          info["answerBytesHeld"] = Session::heldAnswerBytes();
+        }
         co_return json::value(std::move(info));
       }});
 

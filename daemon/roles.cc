@@ -28,6 +28,11 @@ bool readPeerCredentials(int socket, PeerCredentials& out) {
       groups.resize(bytes / sizeof(gid_t));
       break;
     }
+    // Kernels before 4.13 have no SO_PEERGROUPS: the primary group alone, never /etc/group.
+    if (errno == ENOPROTOOPT) {
+      groups.clear();
+      break;
+    }
     if (errno != ERANGE || bytes / sizeof(gid_t) <= groups.size()) return false;
     groups.resize(bytes / sizeof(gid_t));
   }

@@ -32,7 +32,7 @@ constexpr std::size_t kMaxQueuedAnswerBytes = 8 * 1024 * 1024;
 constexpr std::size_t kMaxHeldAnswerBytes = 64 * 1024 * 1024;
 constexpr std::size_t kMaxDaemonAnswerBytes = 512 * 1024 * 1024;
 constexpr std::size_t kAlwaysAnsweredBytes = 64 * 1024;
-std::atomic<std::size_t> heldAnswerBytes{0};
+std::atomic<std::size_t> allHeldAnswerBytes{0};
 constexpr auto as_tuple_awaitable = asio::as_tuple(use_awaitable);
 
 // A request id as JSON text: its key for $/cancelRequest and its name in the log. Integers, the
@@ -89,19 +89,23 @@ asio::awaitable<void> Session::run() {
 Session::~Session() { runCloseHooks(); }
 
 Session::AnswerCharge::AnswerCharge(std::size_t bytes) : bytes_(bytes) {
-  heldAnswerBytes.fetch_add(bytes);
+  allHeldAnswerBytes.fetch_add(bytes);
 }
 
-Session::AnswerCharge::~AnswerCharge() { heldAnswerBytes.fetch_sub(bytes_); }
+Session::AnswerCharge::~AnswerCharge() { allHeldAnswerBytes.fetch_sub(bytes_); }
 
-std::size_t Session::AnswerCharge::total() { return heldAnswerBytes.load(); }
+std::size_t Session::AnswerCharge::total() { return allHeldAnswerBytes.load(); }
 
 std::string Session::answerLine(const json::value& response) {
   std::string text = protocol::encodeLine(response);
   const std::size_t held = queuedBytes_ + batchBytes_;
   const std::size_t daemonHeld = AnswerCharge::total();
-  if (text.size() <= kAlwaysAnsweredBytes || (held + text.size() <= kMaxHeldAnswerBytes &&
-                                              daemonHeld + text.size() <= kMaxDaemonAnswerBytes)) {
+  // The daemon-wide bound does not apply to admins: other clients filling it must not cut the
+  // operator off (an admin's connections still have the per-connection bound).
+  const bool daemonRoom =
+      roles_.has(Role::admin) || daemonHeld + text.size() <= kMaxDaemonAnswerBytes;
+  if (text.size() <= kAlwaysAnsweredBytes ||
+      (held + text.size() <= kMaxHeldAnswerBytes && daemonRoom)) {
     return text;
   }
   const bool connection = held + text.size() > kMaxHeldAnswerBytes;
@@ -469,6 +473,10 @@ asio::awaitable<void> Session::writeLoop([[maybe_unused]] std::shared_ptr<Sessio
     queuedBytes_ -= std::min(total, queuedBytes_);  // peerGone() may have zeroed it meanwhile
     std::size_t slots = 0;
     for (const auto& item : sending) slots += item.slots;
+    // Written: the bytes go now (and with them their share of the daemon's answer budget), not
+    // when the next write begins.
+    sending.clear();
+    buffers.clear();
     releaseSlots(slots);
     if (ec) {
       spdlog::debug("conn={} write failed: {}", id_, ec.message());

@@ -52,6 +52,8 @@ class Session : public std::enable_shared_from_this<Session> {
   Socket::executor_type executor() { return socket_.get_executor(); }
   const PeerCredentials& peer() const { return peer_; }
   RoleSet roles() const { return roles_; }
+  // Bytes of answers every session holds, encoded and not yet written. Any thread.
+  static std::size_t heldAnswerBytes() { return AnswerCharge::total(); }
 
  private:
   // Answer bytes held (encoded, not yet written) counted in every session's total, which bounds

@@ -594,6 +594,12 @@ asio::awaitable<FetchResult> HttpClient::exchange(HttpRequest request, FetchLimi
     // together hold at most limits.maxBufferedBytes, however many run at once.
     auto [readError, read] = co_await http::async_read_header(stream, buffer, parser,
                                                               asio::as_tuple(asio::use_awaitable));
+    // A declared length is reserved whole as the body begins (string_body): charged at once.
+    if (!readError && !parser.is_done() && parser.content_length() &&
+        !share->growTo(static_cast<std::size_t>(*parser.content_length()),
+                       limits.maxBufferedBytes)) {
+      co_return bufferedError(destination, limits);
+    }
     while (!readError && !cancelled() && !parser.is_done()) {
       std::tie(readError, read) = co_await http::async_read_some(
           stream, buffer, parser, asio::as_tuple(asio::use_awaitable));

@@ -413,10 +413,11 @@ StorageResult<StorageUsage> ToolStorage::clear(std::string_view tool) {
   // next take twice as many (the room it freed is usable two commits later). Each commit keeps
   // the usage row true to the rows left, so a clear cut short leaves a consistent store.
   constexpr std::size_t kMaxRowsPerTransaction = 64;
-  // The rows there now, and no more: tools writing meanwhile cannot keep the clear going.
+  // The rows there now bound the commits: tools writing meanwhile cannot keep the clear going.
   auto counted = store_.read([&](store::ReadTxn& txn) {
-    const auto text = txn.tryGet(usage_, tool);
-    return text ? parseUsage(*text).value_or(StorageUsage{}).keys : std::uint64_t{0};
+    std::uint64_t rows = 0;
+    txn.scan(values_, Session::prefixOf(tool), [&](std::string_view, std::string_view) { ++rows; });
+    return rows;
   });
   if (!counted) return storeFailure(store_, counted.error());
   std::uint64_t commits = *counted + 2;  // each removes at least one row

@@ -479,11 +479,7 @@ boost::system::error_code Store::runWrite(detail::FunctionRef<bool(WriteTxn&)> f
   // tried once more, its callback run again from the start (callbacks act only through their
   // transaction, whose first attempt left nothing behind).
   if (ec == StoreErrc::mapFull && nudge()) ec = writeOnce(fn);
-  if (!ec) {
-    writesFull_.store(false);
-  } else if (ec == StoreErrc::mapFull || ec == StoreErrc::diskFull) {
-    writesFull_.store(true);
-  }
+  if (ec == StoreErrc::mapFull || ec == StoreErrc::diskFull) writesFull_.store(true);
   return ec;
 }
 
@@ -514,7 +510,11 @@ boost::system::error_code Store::writeOnce(detail::FunctionRef<bool(WriteTxn&)> 
   const bool commit = fn(txn);
   if (txn.error_) return txn.error_;  // poisoned: the destructor aborts
   if (!commit) return {};             // the callback's error is returned by write()
-  return txn.commit();
+  const bool wrote = txn.wrote_;
+  auto ec = txn.commit();
+  // Only a commit that needed room says there is room again.
+  if (!ec && wrote) writesFull_.store(false);
+  return ec;
 }
 
 boost::system::result<Stats> Store::stats() const {
@@ -672,7 +672,11 @@ void WriteTxn::put(Table table, std::string_view key, std::string_view value) {
   if (error_ || !checkKey(key, "put", table)) return;
   MDB_val k = toVal(key);
   MDB_val v = toVal(value);
-  if (int rc = mdb_put(txn_, dbi, &k, &v, 0)) fail(rc, "put", table);
+  if (int rc = mdb_put(txn_, dbi, &k, &v, 0)) {
+    fail(rc, "put", table);
+  } else {
+    wrote_ = true;
+  }
 }
 
 bool WriteTxn::putIfAbsent(Table table, std::string_view key, std::string_view value) {
@@ -682,7 +686,7 @@ bool WriteTxn::putIfAbsent(Table table, std::string_view key, std::string_view v
   MDB_val k = toVal(key);
   MDB_val v = toVal(value);
   const int rc = mdb_put(txn_, dbi, &k, &v, MDB_NOOVERWRITE);
-  if (rc == 0) return true;
+  if (rc == 0) return wrote_ = true;
   if (rc != MDB_KEYEXIST) fail(rc, "put", table);
   return false;
 }
@@ -693,7 +697,7 @@ bool WriteTxn::erase(Table table, std::string_view key) {
   if (error_ || !checkKey(key, "erase", table)) return false;
   MDB_val k = toVal(key);
   const int rc = mdb_del(txn_, dbi, &k, nullptr);
-  if (rc == 0) return true;
+  if (rc == 0) return wrote_ = true;
   if (rc != MDB_NOTFOUND) fail(rc, "erase", table);
   return false;
 }
@@ -702,7 +706,11 @@ void WriteTxn::clear(Table table) {
   const unsigned dbi = dbiOf(table);
   checkNotScanning();
   if (error_) return;
-  if (int rc = mdb_drop(txn_, dbi, 0)) fail(rc, "clear", table);
+  if (int rc = mdb_drop(txn_, dbi, 0)) {
+    fail(rc, "clear", table);
+  } else {
+    wrote_ = true;
+  }
 }
 
 boost::system::error_code WriteTxn::commit() {

@@ -243,6 +243,7 @@ class WriteTxn : public ReadTxn {
   WriteTxn(const Store& store, MDB_txn* txn) noexcept : ReadTxn(store, txn) {}
   void checkNotScanning() const;
   boost::system::error_code commit();
+  bool wrote_ = false;  // something was put or erased
 };
 
 class Store {

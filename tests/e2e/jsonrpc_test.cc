@@ -47,6 +47,18 @@ TEST_CASE("a request with named params is answered under its id", "[e2e][jsonrpc
   CHECK(nullId.contains("result"));
 }
 
+TEST_CASE("an answer's bytes are given back once it is written", "[e2e][jsonrpc]") {
+  auto daemon = DaemonProcess::start();
+  RawClient client(daemon->socket());
+  const std::string id(1'000'000, 'i');
+  client.send(R"({"jsonrpc":"2.0","method":"ping","id":")" + id + "\"}\n");
+  CHECK(client.readJson().at("id").as_string().size() == id.size());
+  // Read by the client: no longer held against the daemon's budget of unread answers.
+  auto info = client.call("daemon.info");
+  REQUIRE(info.contains("result"));
+  CHECK(info.at("result").at("answerBytesHeld").to_number<std::uint64_t>() < 65536);
+}
+
 TEST_CASE("notifications are never answered", "[e2e][jsonrpc]") {
   auto daemon = DaemonProcess::start();
   RawClient client(daemon->socket());

@@ -61,6 +61,10 @@ TEST_CASE("a full map is a clear error and leaves the committed state usable") {
   CHECK(failure == StoreErrc::mapFull);
   CHECK(store->describe(failure) ==
         "the state database is full (map size 1 MiB); raise [store] map_size_mb");
+  CHECK(store->stats()->writesFull);
+  // A write that changes nothing says nothing about room.
+  REQUIRE(store->write([&](WriteTxn&) -> result<void> { return {}; }));
+  CHECK(store->stats()->writesFull);
   checkCommitted(*store, committed, kValueSize);
 
   // One transaction that ignores the failure and asks to commit: nothing of it is written.
@@ -79,6 +83,7 @@ TEST_CASE("a full map is a clear error and leaves the committed state usable") {
     return {};
   });
   CHECK(small.has_value());
+  CHECK_FALSE(store->stats()->writesFull);
   REQUIRE(store->write([&](WriteTxn& txn) -> result<void> {
     txn.erase(items, "small");
     for (std::uint64_t i = 0; i < committed / 2; ++i) txn.erase(items, u64Key(i));

@@ -29,14 +29,29 @@ json::value parse(const std::string& text) {
   return *parsed;
 }
 
-// A socket file with nobody listening, as a crashed daemon leaves behind.
-void makeStaleSocket(const fs::path& path) {
-  int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+sockaddr_un addressOf(const fs::path& path) {
   sockaddr_un address{};
   address.sun_family = AF_UNIX;
   std::strncpy(address.sun_path, path.c_str(), sizeof address.sun_path - 1);
-  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0);
+  return address;
+}
+
+// A socket file with nobody listening, as a crashed daemon leaves behind.
+void makeStaleSocket(const fs::path& path) {
+  int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+  const sockaddr_un address = addressOf(path);
+  REQUIRE(::bind(fd, reinterpret_cast<const sockaddr*>(&address), sizeof address) == 0);
   ::close(fd);
+}
+
+// A second daemon on `socket` exits at once, saying another one listens there.
+void checkRivalRefused(const fs::path& socket) {
+  DaemonOptions second;
+  second.socketPath = socket;
+  second.waitUntilReady = false;
+  auto rival = DaemonProcess::start(second);
+  CHECK(rival->wait(std::chrono::seconds(10)) == 1);
+  CHECK_THAT(rival->log(), Catch::Contains("already listening"));
 }
 
 }  // namespace
@@ -86,12 +101,7 @@ TEST_CASE("a stale socket is replaced, a live one stops a second daemon", "[e2e]
   RawClient client(socket);
   CHECK(client.call("ping").contains("result"));
 
-  DaemonOptions second;
-  second.socketPath = socket;
-  second.waitUntilReady = false;
-  auto rival = DaemonProcess::start(second);
-  CHECK(rival->wait(std::chrono::seconds(10)) == 1);
-  CHECK_THAT(rival->log(), Catch::Contains("already listening"));
+  checkRivalRefused(socket);
   // The first daemon still serves, on the same socket file.
   CHECK(client.call("ping").contains("result"));
   RawClient again(socket);
@@ -103,26 +113,20 @@ TEST_CASE("a listener that accepts nobody still stops a second daemon at once", 
   auto socket = dir.path() / "s";
   // A listener that never accepts, its backlog full: a blocking connect to it waits forever.
   int listener = ::socket(AF_UNIX, SOCK_STREAM, 0);
-  sockaddr_un address{};
-  address.sun_family = AF_UNIX;
-  std::strncpy(address.sun_path, socket.c_str(), sizeof address.sun_path - 1);
-  REQUIRE(::bind(listener, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0);
+  const sockaddr_un address = addressOf(socket);
+  const auto* raw = reinterpret_cast<const sockaddr*>(&address);
+  REQUIRE(::bind(listener, raw, sizeof address) == 0);
   REQUIRE(::listen(listener, 0) == 0);
   std::vector<int> queued;
   for (int i = 0; i < 16; ++i) {
     int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0);
-    if (::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0) {
+    if (::connect(fd, raw, sizeof address) != 0) {
       ::close(fd);
       break;
     }
     queued.push_back(fd);
   }
-  DaemonOptions second;
-  second.socketPath = socket;
-  second.waitUntilReady = false;
-  auto rival = DaemonProcess::start(second);
-  CHECK(rival->wait(std::chrono::seconds(10)) == 1);
-  CHECK_THAT(rival->log(), Catch::Contains("already listening"));
+  checkRivalRefused(socket);
   for (int fd : queued) ::close(fd);
   ::close(listener);
 }

@@ -189,7 +189,7 @@ asio::awaitable<void> runFetch(FetchJob job) {
   record.secrets = secrets->names;
   const auto limits = fetchLimits(*job.services.configs.current());
   const auto started = Clock::now();
-  auto result = co_await job.services.http.fetch(std::move(job.request), limits);
+  auto result = co_await job.services.http.fetch(std::move(job.request), limits, job.toolName);
   record.duration = since(started);
   if (!result) {
     record.outcome = std::string(policy::errorCode(result.error().code));

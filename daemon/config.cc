@@ -201,13 +201,18 @@ std::optional<ConfigError> readFetch(const toml::table& table, const std::string
   const toml::table* fields = section->as_table();
   if (fields == nullptr) return fail(file, where(*section, "fetch") + " must be a table ([fetch])");
   for (const auto& [key, value] : *fields) {
-    static constexpr std::array<std::string_view, 6> kKeys{
-        "allow_private",      "extra_ca_file",     "timeout_ms",
-        "max_response_bytes", "max_request_bytes", "max_buffered_bytes"};
+    static constexpr std::array<std::string_view, 7> kKeys{"allow_private",
+                                                           "extra_ca_file",
+                                                           "timeout_ms",
+                                                           "max_response_bytes",
+                                                           "max_request_bytes",
+                                                           "max_buffered_bytes",
+                                                           "max_buffered_bytes_per_tool"};
     if (std::find(kKeys.begin(), kKeys.end(), key.str()) == kKeys.end()) {
       return fail(file, where(value, "fetch." + std::string(key.str())) +
                             " is not a known key; use allow_private, extra_ca_file, timeout_ms, "
-                            "max_response_bytes, max_request_bytes or max_buffered_bytes");
+                            "max_response_bytes, max_request_bytes, max_buffered_bytes or "
+                            "max_buffered_bytes_per_tool");
     }
   }
   if (const toml::node* node = fields->get("allow_private")) {
@@ -260,6 +265,22 @@ std::optional<ConfigError> readFetch(const toml::table& table, const std::string
                           ") must be at least fetch.max_response_bytes (" +
                           std::to_string(fetch.maxResponseBytes) +
                           "): a response of the largest size must fit");
+  }
+  // Unset: a quarter of the whole, so that three other tools still find room, and at least one
+  // response of the largest size.
+  fetch.maxBufferedBytesPerTool = std::max(fetch.maxBufferedBytes / 4, fetch.maxResponseBytes);
+  if (auto error = readCount(table, file, "fetch", "max_buffered_bytes_per_tool",
+                             fetch.maxBufferedBytesPerTool, 1, std::int64_t{1} << 40)) {
+    return error;
+  }
+  if (fetch.maxBufferedBytesPerTool < fetch.maxResponseBytes ||
+      fetch.maxBufferedBytesPerTool > fetch.maxBufferedBytes) {
+    return fail(file, "fetch.max_buffered_bytes_per_tool (" +
+                          std::to_string(fetch.maxBufferedBytesPerTool) +
+                          ") must be at least fetch.max_response_bytes (" +
+                          std::to_string(fetch.maxResponseBytes) +
+                          ") and at most fetch.max_buffered_bytes (" +
+                          std::to_string(fetch.maxBufferedBytes) + ")");
   }
   fetch.timeout = std::chrono::milliseconds(timeoutMs);
   return std::nullopt;
@@ -646,6 +667,8 @@ ConfigChanges reconcileReload(const Config& running, Config& next) {
           next.fetch.maxRequestBytes);
   compare(applied, "fetch.max_buffered_bytes", running.fetch.maxBufferedBytes,
           next.fetch.maxBufferedBytes);
+  compare(applied, "fetch.max_buffered_bytes_per_tool", running.fetch.maxBufferedBytesPerTool,
+          next.fetch.maxBufferedBytesPerTool);
   compare(applied, "storage.max_keys", running.storage.maxKeys, next.storage.maxKeys);
   compare(applied, "storage.max_key_bytes", running.storage.maxKeyBytes, next.storage.maxKeyBytes);
   compare(applied, "storage.max_value_bytes", running.storage.maxValueBytes,

@@ -37,6 +37,8 @@ struct FetchConfig {
   std::size_t maxRequestBytes = std::size_t{8} << 20;
   // Every response body held at once, all fetches together (policy::FetchLimits).
   std::size_t maxBufferedBytes = std::size_t{256} << 20;
+  // Of those, what one tool's fetches hold at once (by tool name, all its revisions together).
+  std::size_t maxBufferedBytesPerTool = std::size_t{64} << 20;
 };
 // The largest max_response_bytes and max_request_bytes a config may set.
 inline constexpr std::int64_t kMaxFetchResponseBytes = std::int64_t{128} << 20;

@@ -33,6 +33,7 @@ policy::FetchLimits fetchLimits(const Config& config) {
   limits.maxResponseBytes = config.fetch.maxResponseBytes;
   limits.maxRequestBodyBytes = config.fetch.maxRequestBytes;
   limits.maxBufferedBytes = config.fetch.maxBufferedBytes;
+  limits.maxOwnerBufferedBytes = config.fetch.maxBufferedBytesPerTool;
   return limits;
 }
 

@@ -200,12 +200,17 @@ FetchError exchangeError(const error_code& ec, const Destination& destination,
                                         std::string(stage) + " (" + ec.message() + ")."};
 }
 
-FetchError bufferedError(const Destination& destination, const FetchLimits& limits) {
+FetchError bufferedError(const Destination& destination, const FetchLimits& limits,
+                         BufferedShare::Grown grown) {
+  const bool owner = grown == BufferedShare::Grown::ownerFull;
   return {FetchErrc::responseTooLarge,
-          "The response from " + destination.origin +
-              " was not read to its end: the daemon already holds " +
-              bytes(limits.maxBufferedBytes) +
-              " of fetch responses for running tools, its limit ([fetch] max_buffered_bytes). "
+          "The response from " + destination.origin + " was not read to its end: " +
+              (owner ? "this tool's fetches already hold " + bytes(limits.maxOwnerBufferedBytes) +
+                           " of responses, the most one tool may ([fetch] "
+                           "max_buffered_bytes_per_tool). "
+                     : "the daemon already holds " + bytes(limits.maxBufferedBytes) +
+                           " of fetch responses for running tools, its limit ([fetch] "
+                           "max_buffered_bytes). ") +
               "Fetch fewer large responses at once, or ask for less data."};
 }
 
@@ -412,14 +417,22 @@ bool BufferedBytes::take(std::size_t bytes, std::size_t cap) {
 void BufferedBytes::give(std::size_t bytes) { held_.fetch_sub(bytes); }
 
 BufferedShare::~BufferedShare() {
-  if (bytes_ > 0) pool_->give(bytes_);
+  if (bytes_ == 0) return;
+  pool_->give(bytes_);
+  if (ownerPool_) ownerPool_->give(bytes_);
 }
 
-bool BufferedShare::growTo(std::size_t total, std::size_t cap) {
-  if (total <= bytes_) return true;
-  if (!pool_->take(total - bytes_, cap)) return false;
+BufferedShare::Grown BufferedShare::growTo(std::size_t total, std::size_t cap,
+                                           std::size_t ownerCap) {
+  if (total <= bytes_) return Grown::yes;
+  const std::size_t more = total - bytes_;
+  if (ownerPool_ && !ownerPool_->take(more, ownerCap)) return Grown::ownerFull;
+  if (!pool_->take(more, cap)) {
+    if (ownerPool_) ownerPool_->give(more);
+    return Grown::clientFull;
+  }
   bytes_ = total;
-  return true;
+  return Grown::yes;
 }
 
 HttpClient::HttpClient(AddressRules rules, std::optional<std::filesystem::path> extraCaFile,
@@ -454,7 +467,32 @@ HttpClient::HttpClient(AddressRules rules, std::optional<std::filesystem::path> 
 
 HttpClient::~HttpClient() = default;
 
-asio::awaitable<FetchResult> HttpClient::fetch(HttpRequest request, FetchLimits limits) {
+std::shared_ptr<BufferedBytes> HttpClient::ownerPool(const std::string& owner) {
+  std::lock_guard lock(ownersMutex_);
+  auto& entry = owners_[owner];
+  auto pool = entry.lock();
+  if (!pool) {
+    pool = std::make_shared<BufferedBytes>();
+    entry = pool;
+  }
+  // An owner's entry outlives its last response; sweep the expired ones when they could be half.
+  if (owners_.size() > 2 * ownersAfterSweep_ + 64) {
+    std::erase_if(owners_, [](const auto& item) { return item.second.expired(); });
+    ownersAfterSweep_ = owners_.size();
+  }
+  return pool;
+}
+
+std::size_t HttpClient::bufferedBytes(const std::string& owner) const {
+  std::lock_guard lock(ownersMutex_);
+  auto found = owners_.find(owner);
+  if (found == owners_.end()) return 0;
+  auto pool = found->second.lock();
+  return pool ? pool->held() : 0;
+}
+
+asio::awaitable<FetchResult> HttpClient::fetch(HttpRequest request, FetchLimits limits,
+                                               std::string owner) {
   // Cancellation must surface as a value (cancelled), not as an exception thrown by the next
   // co_await; restore the caller's setting afterwards, as it is per coroutine thread.
   const bool throwIfCancelled = co_await asio::this_coro::throw_if_cancelled();
@@ -462,7 +500,11 @@ asio::awaitable<FetchResult> HttpClient::fetch(HttpRequest request, FetchLimits 
   std::exception_ptr failure;
   FetchResult result = FetchError{FetchErrc::cancelled, ""};
   try {
-    result = co_await exchange(std::move(request), limits);
+    // A named variable: g++ 12 destroys a temporary of a conditional expression in a co_await
+    // operand twice.
+    std::shared_ptr<BufferedBytes> pool;
+    if (!owner.empty()) pool = ownerPool(owner);
+    result = co_await exchange(std::move(request), limits, std::move(pool));
   } catch (...) {
     failure = std::current_exception();
   }
@@ -471,7 +513,8 @@ asio::awaitable<FetchResult> HttpClient::fetch(HttpRequest request, FetchLimits 
   co_return result;
 }
 
-asio::awaitable<FetchResult> HttpClient::exchange(HttpRequest request, FetchLimits limits) {
+asio::awaitable<FetchResult> HttpClient::exchange(HttpRequest request, FetchLimits limits,
+                                                  std::shared_ptr<BufferedBytes> ownerPool) {
   using namespace asio::experimental::awaitable_operators;
   const auto deadline = Clock::now() + limits.timeout;
   const asio::cancellation_state cancellation = co_await asio::this_coro::cancellation_state;
@@ -583,29 +626,31 @@ asio::awaitable<FetchResult> HttpClient::exchange(HttpRequest request, FetchLimi
   if (writeError) co_return exchangeError(writeError, destination, limits, "sending the request");
 
   beast::flat_buffer buffer;
-  auto share = std::make_shared<BufferedShare>(buffered_);
+  auto share = std::make_shared<BufferedShare>(buffered_, std::move(ownerPool));
+  auto grow = [&](std::size_t total) {
+    return share->growTo(total, limits.maxBufferedBytes, limits.maxOwnerBufferedBytes);
+  };
   std::optional<http::response<http::string_body>> final;
   for (int interim = 0; !final; ++interim) {
     http::response_parser<http::string_body> parser;
     parser.header_limit(static_cast<std::uint32_t>(kMaxResponseHeaderBytes));
     parser.body_limit(static_cast<std::uint64_t>(limits.maxResponseBytes));
     parser.skip(head);
-    // The body is charged to the client's buffered bytes as it arrives, so that all fetches
-    // together hold at most limits.maxBufferedBytes, however many run at once.
+    // The body is charged to the client's buffered bytes (and its owner's) as it arrives, so
+    // that all fetches together hold at most limits.maxBufferedBytes, and one owner's at most
+    // limits.maxOwnerBufferedBytes, however many run at once.
     auto [readError, read] = co_await http::async_read_header(stream, buffer, parser,
                                                               asio::as_tuple(asio::use_awaitable));
     // A declared length is reserved whole as the body begins (string_body): charged at once.
-    if (!readError && !parser.is_done() && parser.content_length() &&
-        !share->growTo(static_cast<std::size_t>(*parser.content_length()),
-                       limits.maxBufferedBytes)) {
-      co_return bufferedError(destination, limits);
+    if (!readError && !parser.is_done() && parser.content_length()) {
+      const auto grown = grow(static_cast<std::size_t>(*parser.content_length()));
+      if (grown != BufferedShare::Grown::yes) co_return bufferedError(destination, limits, grown);
     }
     while (!readError && !cancelled() && !parser.is_done()) {
       std::tie(readError, read) = co_await http::async_read_some(
           stream, buffer, parser, asio::as_tuple(asio::use_awaitable));
-      if (!share->growTo(parser.get().body().size(), limits.maxBufferedBytes)) {
-        co_return bufferedError(destination, limits);
-      }
+      const auto grown = grow(parser.get().body().size());
+      if (grown != BufferedShare::Grown::yes) co_return bufferedError(destination, limits, grown);
     }
     if (cancelled()) co_return cancelledError(destination);
     // A body that ends with the connection: the server may close without close_notify (pitfall

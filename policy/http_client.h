@@ -20,9 +20,11 @@
 #include <cstddef>
 #include <filesystem>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -50,19 +52,24 @@ class BufferedBytes {
   std::atomic<std::size_t> held_{0};
 };
 
-// A response's share of its client's BufferedBytes, given back when the last copy goes.
+// A response's share of its client's BufferedBytes and of its owner's (when the fetch has an
+// owner), given back to both when the last copy goes.
 class BufferedShare {
  public:
-  explicit BufferedShare(std::shared_ptr<BufferedBytes> pool) : pool_(std::move(pool)) {}
+  BufferedShare(std::shared_ptr<BufferedBytes> pool, std::shared_ptr<BufferedBytes> ownerPool)
+      : pool_(std::move(pool)), ownerPool_(std::move(ownerPool)) {}
   ~BufferedShare();
   BufferedShare(const BufferedShare&) = delete;
   BufferedShare& operator=(const BufferedShare&) = delete;
-  // Grows the share to `total` bytes; false (and unchanged) if the pool would pass `cap`.
-  bool growTo(std::size_t total, std::size_t cap);
+  enum class Grown { yes, ownerFull, clientFull };
+  // Grows the share to `total` bytes; unchanged if the owner's pool would pass `ownerCap` or the
+  // client's would pass `cap`.
+  Grown growTo(std::size_t total, std::size_t cap, std::size_t ownerCap);
   std::size_t bytes() const { return bytes_; }
 
  private:
   std::shared_ptr<BufferedBytes> pool_;
+  std::shared_ptr<BufferedBytes> ownerPool_;  // null: no owner
   std::size_t bytes_ = 0;
 };
 
@@ -84,6 +91,9 @@ struct FetchLimits {
   // Every response body the client holds at once (being received, or returned and not yet
   // destroyed), all fetches together: a body that would pass it fails with response-too-large.
   std::size_t maxBufferedBytes = std::size_t{256} << 20;
+  // Of those, what the fetches of one owner (fetch()'s `owner`) hold at once, so that one owner
+  // cannot take the room of all others.
+  std::size_t maxOwnerBufferedBytes = std::size_t{64} << 20;
   std::chrono::milliseconds timeout{30000};  // DNS, connect, TLS, request and response together
 };
 
@@ -128,15 +138,22 @@ class HttpClient {
   // One request on a fresh connection (Connection: close). A 3xx is returned, not followed.
   // Terminal cancellation of the awaiting coroutine (its cancellation slot) aborts the exchange,
   // closes the socket and answers cancelled; partial and total cancellation are ignored, as the
-  // awaitable's default filter has it.
-  boost::asio::awaitable<FetchResult> fetch(HttpRequest request, FetchLimits limits = {});
+  // awaitable's default filter has it. The response's body counts against
+  // limits.maxBufferedBytes, and against limits.maxOwnerBufferedBytes among the fetches of the
+  // same non-empty `owner` (the daemon passes the tool's name).
+  boost::asio::awaitable<FetchResult> fetch(HttpRequest request, FetchLimits limits = {},
+                                            std::string owner = {});
 
   const AddressRules& rules() const { return rules_; }
-  // Response bytes held now (FetchLimits::maxBufferedBytes). Any thread.
+  // Response bytes held now (FetchLimits::maxBufferedBytes), all owners' or one's. Any thread.
   std::size_t bufferedBytes() const { return buffered_->held(); }
+  std::size_t bufferedBytes(const std::string& owner) const;
 
  private:
-  boost::asio::awaitable<FetchResult> exchange(HttpRequest request, FetchLimits limits);
+  boost::asio::awaitable<FetchResult> exchange(HttpRequest request, FetchLimits limits,
+                                               std::shared_ptr<BufferedBytes> ownerPool);
+  // The pool of `owner`'s fetches, shared while any of its responses holds bytes in it.
+  std::shared_ptr<BufferedBytes> ownerPool(const std::string& owner);
 
   struct Tls;  // the OpenSSL client context, kept out of this header
 
@@ -144,6 +161,9 @@ class HttpClient {
   std::shared_ptr<Resolver> resolver_;
   std::unique_ptr<Tls> tls_;
   std::shared_ptr<BufferedBytes> buffered_ = std::make_shared<BufferedBytes>();
+  mutable std::mutex ownersMutex_;
+  std::unordered_map<std::string, std::weak_ptr<BufferedBytes>> owners_;
+  std::size_t ownersAfterSweep_ = 0;  // entries left by the last sweep of expired ones
 };
 
 // "toolhost/<version>", sent as User-Agent unless the request has one.

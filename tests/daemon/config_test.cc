@@ -45,8 +45,9 @@ TEST_CASE("defaults: own uid is admin and nobody else", "[config]") {
   REQUIRE(config.has_value());
   CHECK(config->limits.maxMessageBytes == 8 * 1024 * 1024);
   CHECK(config->limits.maxDepth == 128);
-  CHECK(config->access.rolesFor(PeerCredentials{1, ::geteuid(), ::getegid()}) == RoleSet{Role::admin});
-  CHECK(config->access.rolesFor(PeerCredentials{1, 54321, 54321}).empty());
+  CHECK(config->access.rolesFor(PeerCredentials{1, ::geteuid(), ::getegid(), {}}) ==
+        RoleSet{Role::admin});
+  CHECK(config->access.rolesFor(PeerCredentials{1, 54321, 54321, {}}).empty());
 }
 
 TEST_CASE("limits, log and access rules from the file", "[config]") {
@@ -74,13 +75,14 @@ roles = ["host"]
   CHECK(config->maxConnections == 256);
   CHECK(config->logLevel == "debug");
   CHECK(config->logFormat == LogFormat::json);
-  CHECK(config->access.rolesFor(PeerCredentials{1, 54321, 1}) == RoleSet{Role::agent, Role::approver});
-  CHECK(config->access.rolesFor(PeerCredentials{1, 54322, 777}) == RoleSet{Role::host});
+  CHECK(config->access.rolesFor(PeerCredentials{1, 54321, 1, {}}) ==
+        RoleSet{Role::agent, Role::approver});
+  CHECK(config->access.rolesFor(PeerCredentials{1, 54322, 777, {}}) == RoleSet{Role::host});
   // A group rule matches the process's own supplementary groups, nothing else.
   CHECK(config->access.rolesFor(PeerCredentials{1, 54322, 1, {5, 777}}) == RoleSet{Role::host});
   CHECK(config->access.rolesFor(PeerCredentials{1, 54322, 1, {5, 778}}).empty());
   // The daemon's own uid stays admin.
-  CHECK(config->access.rolesFor(PeerCredentials{1, ::geteuid(), 1}).has(Role::admin));
+  CHECK(config->access.rolesFor(PeerCredentials{1, ::geteuid(), 1, {}}).has(Role::admin));
 }
 
 TEST_CASE("config errors name the key and what is wrong", "[config]") {
@@ -164,6 +166,7 @@ TEST_CASE("[fetch]: opened ranges, the extra CA file, limits, what a reload appl
   CHECK(defaults->fetch.maxResponseBytes == 16u << 20);
   CHECK(defaults->fetch.maxRequestBytes == 8u << 20);
   CHECK(defaults->fetch.maxBufferedBytes == 256u << 20);
+  CHECK(defaults->fetch.maxBufferedBytesPerTool == 64u << 20);
 
   ConfigFile ca("-----BEGIN CERTIFICATE-----\n");
   auto config =
@@ -203,18 +206,34 @@ TEST_CASE("[fetch]: opened ranges, the extra CA file, limits, what a reload appl
   auto largest = load("[fetch]\nmax_response_bytes = 134217728\nmax_buffered_bytes = 134217728\n");
   REQUIRE(largest.has_value());
   CHECK(largest->fetch.maxBufferedBytes == 128u << 20);
+  // One tool's share: a quarter of the whole unless set, never less than one largest response.
+  CHECK(largest->fetch.maxBufferedBytesPerTool == 128u << 20);
+  auto quarter = load("[fetch]\nmax_response_bytes = 1000\nmax_buffered_bytes = 8000\n");
+  REQUIRE(quarter.has_value());
+  CHECK(quarter->fetch.maxBufferedBytesPerTool == 2000);
+  auto share = load("[fetch]\nmax_response_bytes = 1000\nmax_buffered_bytes_per_tool = 3000\n");
+  REQUIRE(share.has_value());
+  CHECK(share->fetch.maxBufferedBytesPerTool == 3000);
+  check("[fetch]\nmax_response_bytes = 1000\nmax_buffered_bytes_per_tool = 999\n",
+        "fetch.max_buffered_bytes_per_tool (999) must be at least fetch.max_response_bytes (1000)");
+  check(
+      "[fetch]\nmax_response_bytes = 1000\nmax_buffered_bytes = 8000\n"
+      "max_buffered_bytes_per_tool = 8001\n",
+      "at most fetch.max_buffered_bytes (8000)");
 
   // A reload applies the limits; the HTTPS client's ranges and CA need a restart.
   Config next = *config;
   next.fetch.timeout = std::chrono::milliseconds(100);
   next.fetch.allowPrivate.clear();
   next.fetch.extraCaFile.reset();
+  next.fetch.maxBufferedBytesPerTool = 5000;
   auto changes = reconcileReload(*config, next);
   auto mentions = [](const std::vector<std::string>& lines, const std::string& key) {
     return std::any_of(lines.begin(), lines.end(),
                        [&](const std::string& line) { return line.starts_with(key); });
   };
   CHECK(mentions(changes.applied, "fetch.timeout_ms"));
+  CHECK(mentions(changes.applied, "fetch.max_buffered_bytes_per_tool"));
   CHECK(mentions(changes.needRestart, "fetch.allow_private"));
   CHECK(mentions(changes.needRestart, "fetch.extra_ca_file"));
   CHECK(next.fetch.timeout == std::chrono::milliseconds(100));

@@ -213,6 +213,41 @@ TEST_CASE("fetch: decisions survive a restart, a new revision needs its own appr
   CHECK(server.requestCount("/ok") == 2);
 }
 
+TEST_CASE("fetch: one tool's responses held at once stay within its share", "[e2e][fetch]") {
+  Setup s("max_response_bytes = 1000\nmax_buffered_bytes_per_tool = 1500\n");
+  // A response whose body stalls holds its declared length from its headers on; by the time a
+  // slow response has come, its headers are in.
+  constexpr std::string_view kHog = R"js(
+export default async (args) => {
+  fetch(args.stall).catch(() => {});
+  await fetch(args.wait);
+  try {
+    const r = await fetch(args.url);
+    return { status: r.status, size: (await r.text()).length };
+  } catch (e) {
+    return { code: e.code ?? null, message: String(e.message) };
+  }
+}
+)js";
+  auto hog = deploy(*s.admin, jsTool("hog", kHog, readCapabilities(s.server)));
+  decideAhead(*s.admin, hog, "fetch", s.server.origin(), "read");
+  auto reader = deploy(*s.admin, jsTool("reader", kReader, readCapabilities(s.server)));
+  decideAhead(*s.admin, reader, "fetch", s.server.origin(), "read");
+
+  const json::object args{{"stall", s.server.url("/stall?bytes=1000&ms=600")},
+                          {"wait", s.server.url("/slow?ms=200")},
+                          {"url", s.server.url("/big?bytes=600")}};
+  auto refused = s.fetch("hog", args);
+  CHECK(codeOf(refused) == "response-too-large");
+  CHECK_THAT(text(refused.at("message")), Catch::Contains("max_buffered_bytes_per_tool"));
+  // Within the share, and for another tool, the same response is read.
+  auto within = args;
+  within["url"] = s.server.url("/big?bytes=500");
+  CHECK(s.fetch("hog", within).at("size") == 500);
+  CHECK(s.fetch("reader", json::object{{"url", s.server.url("/big?bytes=1000")}}).at("text") ==
+        json::value(std::string(1000, 'x')));
+}
+
 TEST_CASE("fetch: oversized bodies, redirects returned, header injection refused", "[e2e][fetch]") {
   Setup s("max_response_bytes = 1000\n");
   auto revision = deploy(*s.admin, jsTool("reader", kReader, readCapabilities(s.server)));

@@ -100,11 +100,12 @@ ResolveResult answers(std::initializer_list<const char*> addresses) {
 }
 
 // Runs one fetch to completion on a fresh io_context.
-FetchResult runFetch(HttpClient& client, HttpRequest request, FetchLimits limits = {}) {
+FetchResult runFetch(HttpClient& client, HttpRequest request, FetchLimits limits = {},
+                     std::string owner = {}) {
   asio::io_context ioc;
   std::optional<FetchResult> out;
   std::exception_ptr failure;
-  asio::co_spawn(ioc, client.fetch(std::move(request), limits),
+  asio::co_spawn(ioc, client.fetch(std::move(request), limits, std::move(owner)),
                  [&](std::exception_ptr e, FetchResult result) {
                    failure = e;
                    out.emplace(std::move(result));
@@ -393,6 +394,45 @@ TEST_CASE("fetch: a response over the limit is response-too-large") {
     requireError(runFetch(client, requestFor(server.url("/big-header?bytes=70000"))),
                  FetchErrc::responseTooLarge);
   }
+}
+
+TEST_CASE("fetch: one owner's responses stay within its share of the buffer") {
+  HttpsTestServer server;
+  HttpClient client(loopbackOpened(), server.caFile());
+  const FetchLimits limits{
+      .maxResponseBytes = 1000, .maxBufferedBytes = 2500, .maxOwnerBufferedBytes = 1500};
+  auto fetchAs = [&](const std::string& owner, const char* path) {
+    return runFetch(client, requestFor(server.url(path)), limits, owner);
+  };
+
+  std::optional<HttpResponse> held = requireResponse(fetchAs("greedy", "/big?bytes=1000"));
+  CHECK(client.bufferedBytes("greedy") == 1000);
+  CHECK(client.bufferedBytes() == 1000);
+  const char* path =
+      GENERATE("/big?bytes=600", "/big?bytes=600&chunked=1", "/close-delimited?bytes=600");
+  INFO(path);
+  // The same owner is refused past its share, naming it; its bytes are as they were.
+  auto refused = fetchAs("greedy", path);
+  requireError(refused, FetchErrc::responseTooLarge);
+  CHECK(refused.error().message.find("max_buffered_bytes_per_tool") != std::string::npos);
+  CHECK(client.bufferedBytes("greedy") == 1000);
+  CHECK(client.bufferedBytes() == 1000);
+  // Another owner, and a fetch without one, still find room in the whole.
+  std::optional<HttpResponse> other = requireResponse(fetchAs("other", "/big?bytes=1000"));
+  CHECK(client.bufferedBytes("other") == 1000);
+  CHECK(client.bufferedBytes() == 2000);
+  // Past the whole, the whole is named, and neither owner's count moves.
+  auto full = fetchAs("third", path);
+  requireError(full, FetchErrc::responseTooLarge);
+  CHECK(full.error().message.find("max_buffered_bytes)") != std::string::npos);
+  CHECK(client.bufferedBytes("third") == 0);
+  CHECK(client.bufferedBytes() == 2000);
+  // Dropped responses give back to both.
+  held.reset();
+  other.reset();
+  CHECK(client.bufferedBytes("greedy") == 0);
+  CHECK(client.bufferedBytes() == 0);
+  CHECK(requireResponse(fetchAs("greedy", "/big?bytes=1000")).body.size() == 1000);
 }
 
 TEST_CASE("fetch: the responses held at once stay within max_buffered_bytes") {

@@ -10,6 +10,7 @@
 #include <boost/asio/ssl/stream.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/write.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/http/empty_body.hpp>
 #include <boost/beast/http/message.hpp>
@@ -302,6 +303,22 @@ asio::awaitable<After> HttpsTestServer::Impl::respond(Stream& stream, Request& r
                              std::chrono::milliseconds(numberParameter(query, "ms", 1000)));
     co_await timer.async_wait(asio::as_tuple(asio::use_awaitable));
     co_return co_await send(stream, head, keepAlive, textResponse(http::status::ok, "ok"));
+  }
+  if (path == "/stall") {
+    const std::string start = "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: " +
+                              std::to_string(numberParameter(query, "bytes", 2)) + "\r\n\r\nx";
+    co_await asio::async_write(stream, asio::buffer(start), asio::as_tuple(asio::use_awaitable));
+    if (const std::size_t ms = numberParameter(query, "ms", 0); ms > 0) {
+      asio::steady_timer timer(stream.get_executor(), std::chrono::milliseconds(ms));
+      co_await timer.async_wait(asio::as_tuple(asio::use_awaitable));
+      co_return After::closed;
+    }
+    char byte = 0;
+    for (;;) {
+      auto [ec, n] = co_await stream.async_read_some(asio::buffer(&byte, 1),
+                                                     asio::as_tuple(asio::use_awaitable));
+      if (ec) co_return After::closed;
+    }
   }
   if (path == "/hang") {
     // Read until the client goes away; whatever it sends is ignored.

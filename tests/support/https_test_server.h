@@ -18,6 +18,8 @@
 //   /early-hints        103 Early Hints, then 200 "ok"
 //   /slow?ms=N          waits N ms before the response headers
 //   /hang               never answers; holds the connection until the client closes it
+//   /stall?bytes=N      headers with Content-Length N and one byte of the body, then nothing
+//                       more until the client closes the connection; &ms=M closes it after M ms
 //   /status?code=N      status N, body "status N" (no body for 1xx, 204, 304)
 //   /rpc                a JSON-RPC endpoint of an external-service tool: a POSTed tools.call
 //                       {name, arguments} is answered with the result {name, arguments} (an

@@ -74,8 +74,10 @@ boost::system::result<json::object, ClientError> Client::receive(std::chrono::mi
       if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
       auto parsed = protocol::parseJson(line, protocol::JsonParseLimits{100000});
       if (!parsed || !parsed->is_object()) {
-        return ClientError{ClientError::Kind::badResponse, "the daemon sent something that is not "
-                                                           "a JSON object: " + line.substr(0, 200)};
+        return ClientError{ClientError::Kind::badResponse,
+                           "the daemon sent something that is not "
+                           "a JSON object: " +
+                               terminalSafe(line.substr(0, 200))};
       }
       return parsed->as_object();
     }
@@ -125,14 +127,17 @@ boost::system::result<json::object, ClientError> Client::call(const std::string&
   }
 }
 
-std::string terminalSafe(std::string_view text) {
+namespace {
+
+// terminalSafe, writing C0 controls and DEL as \xNN, or (`json`) as the JSON escape \u00NN.
+std::string escapeForTerminal(std::string_view text, bool json) {
   static constexpr char kHex[] = "0123456789abcdef";
   std::string out;
   out.reserve(text.size());
   for (std::size_t i = 0; i < text.size(); ++i) {
     const auto byte = static_cast<unsigned char>(text[i]);
     if (byte < 0x20 || byte == 0x7f) {
-      out += "\\x";
+      out += json ? "\\u00" : "\\x";
       out += kHex[byte >> 4];
       out += kHex[byte & 15];
       continue;
@@ -160,6 +165,14 @@ std::string terminalSafe(std::string_view text) {
     out += text[i];
   }
   return out;
+}
+
+}  // namespace
+
+std::string terminalSafe(std::string_view text) { return escapeForTerminal(text, false); }
+
+std::string terminalSafeJson(std::string_view jsonText) {
+  return escapeForTerminal(jsonText, true);
 }
 
 std::string errorDetail(const boost::json::object& response) {

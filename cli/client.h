@@ -64,6 +64,9 @@ std::string errorDetail(const boost::json::object& response);
 // overrides that reorder what is shown are written as \xNN or \uNNNN, so text a tool or a
 // remote server chose cannot move the cursor, erase a line or disguise itself in a prompt.
 std::string terminalSafe(std::string_view text);
+// The same for JSON text: those characters (which JSON text holds only inside strings) become
+// \u escapes, so the text stays JSON with the same meaning.
+std::string terminalSafeJson(std::string_view jsonText);
 
 // Calls `method` (a subscription: policy.subscribe, popup.subscribe) and answers its result
 // object, or the exit code after saying on stderr why `role` could not be taken up.

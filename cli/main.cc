@@ -7,6 +7,7 @@
 #include "cli/secret_input.h"
 #include "protocol/json_parse.h"
 #include "protocol/json_text.h"
+#include "protocol/path_trust.h"
 #include "protocol/socket_path.h"
 
 #include <CLI/CLI.hpp>
@@ -78,6 +79,9 @@ void print(const json::value& value, bool asPretty) {
   } else {
     out = protocol::writeJson(value);
   }
+  // Tools and remote servers choose these strings: no C1 controls or bidirectional overrides
+  // reach a terminal raw.
+  out = cli::terminalSafeJson(out);
   out += '\n';
   std::fwrite(out.data(), 1, out.size(), stdout);
 }
@@ -244,6 +248,14 @@ int main(int argc, char** argv) {
   }
   bool asPretty = forcePretty || (!compact && ::isatty(STDOUT_FILENO));
   auto socket = protocol::chooseSocketPath(socketFlag);
+  // The default under /tmp (no XDG_RUNTIME_DIR): another user may have made that directory
+  // first, to put their own socket there and read what this command sends.
+  if (socket == protocol::defaultSocketPath() && socket.parent_path().parent_path() == "/tmp") {
+    if (auto reason = protocol::untrustedPathReason(socket.parent_path())) {
+      std::cerr << "toolhostctl: not connecting to " << socket.string() << ": " << *reason << "\n";
+      return kExitConnect;
+    }
+  }
   auto timeout = timeoutSeconds > 0
                      ? std::chrono::milliseconds(static_cast<std::int64_t>(timeoutSeconds * 1000))
                      : std::chrono::milliseconds::max();

@@ -25,6 +25,7 @@
 #include "policy/decisions.h"
 #include "policy/http_client.h"
 #include "policy/secrets_vault.h"
+#include "protocol/path_trust.h"
 #include "registry/native_tools.h"
 #include "registry/registry.h"
 #include "registry/tasks.h"
@@ -87,6 +88,12 @@ int run(const daemon::Config& config, const daemon::CommandLine& commandLine) {
   // The configuration in force: SIGHUP swaps it; connections take a snapshot when accepted.
   daemon::ConfigHolder configs(config);
 
+  // A state directory another user controls would let them plant the database and the secrets
+  // key, or read them.
+  if (auto reason = protocol::untrustedPathReason(config.stateDir)) {
+    spdlog::critical("refusing the state directory {}: {}", config.stateDir.string(), *reason);
+    return 1;
+  }
   std::error_code ec;
   const bool created = std::filesystem::create_directories(config.stateDir, ec);
   if (ec) {

@@ -2,6 +2,7 @@
 
 #include "daemon/errors.h"
 #include "protocol/jsonrpc.h"
+#include "protocol/path_trust.h"
 
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>
@@ -74,6 +75,11 @@ boost::system::result<void, ServerError> Server::listen() {
                        std::to_string(kMaxSocketPathBytes) + " bytes"};
   }
   fs::path parent = path.parent_path();
+  // A directory another user controls (say /tmp/toolhost-<uid> made by them first) would let
+  // them put their own socket in place of ours and read what clients send.
+  if (auto reason = protocol::untrustedPathReason(parent.empty() ? fs::path(".") : parent)) {
+    return ServerError{"refusing to listen at " + path.string() + ": " + *reason};
+  }
   if (!parent.empty() && !fs::exists(parent)) {
     std::error_code ec;
     fs::create_directories(parent, ec);

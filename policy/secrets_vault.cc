@@ -374,6 +374,13 @@ std::optional<VaultError> readKey(const KeySource& source, unsigned char* out) {
     return error(VaultErrc::keyInvalid,
                  "the secrets key " + path + " (" + source.description + ") is not a regular file");
   }
+  if (info.st_uid != ::geteuid() && info.st_uid != 0) {
+    ::close(fd);
+    return error(VaultErrc::keyInvalid,
+                 "the secrets key " + path + " (" + source.description + ") belongs to uid " +
+                     std::to_string(info.st_uid) +
+                     ", another user, who may know it; refusing a key this user does not own");
+  }
   if ((info.st_mode & 0077) != 0) {
     spdlog::warn("the secrets key {} is accessible to other users (mode {:04o}); chmod 600 it",
                  path, info.st_mode & 07777);

@@ -91,6 +91,72 @@ TEST_CASE("a state directory made by the daemon is 0700 and an existing one keep
   CHECK(daemon->stop() == 0);
 }
 
+TEST_CASE("a socket or state directory, or a secrets key, others control is refused at start",
+          "[e2e][daemon]") {
+  TempDir dir;
+  auto refusedWith = [](DaemonOptions options, const std::string& words, const std::string& more) {
+    options.waitUntilReady = false;
+    auto daemon = DaemonProcess::start(options);
+    CHECK(daemon->wait(std::chrono::seconds(10)) == 1);
+    CHECK_THAT(daemon->log(), Catch::Contains(words) && Catch::Contains(more));
+  };
+  // Writable by others without a sticky bit: anyone could put their own socket or database there.
+  const fs::path open = dir.path() / "open";
+  fs::create_directory(open);
+  REQUIRE(::chmod(open.c_str(), 0777) == 0);
+  DaemonOptions socketThere;
+  socketThere.socketPath = open / "s";
+  refusedWith(socketThere, "refusing to listen at " + (open / "s").string(), "0777");
+  DaemonOptions stateThere;
+  stateThere.stateDir = open / "state";
+  refusedWith(stateThere, "refusing the state directory", "0777");
+  CHECK_FALSE(fs::exists(open / "state"));
+
+  if (::geteuid() != 0) {
+    WARN("needs root to give a directory to another uid; the rest is skipped");
+    return;
+  }
+  // Made first by another user, as /tmp/toolhost-<uid> could be.
+  const fs::path theirs = dir.path() / "theirs";
+  fs::create_directory(theirs);
+  REQUIRE(::chmod(theirs.c_str(), 0755) == 0);
+  REQUIRE(::chown(theirs.c_str(), 65534, 65534) == 0);
+  socketThere.socketPath = theirs / "s";
+  refusedWith(socketThere, "refusing to listen", "uid 65534");
+  stateThere.stateDir = theirs / "state";
+  refusedWith(stateThere, "refusing the state directory", "uid 65534");
+  // A key another user wrote is a key they know.
+  const fs::path key = dir.path() / "key";
+  {
+    std::ofstream out(key);
+    out << std::string(64, 'a') << "\n";
+  }
+  REQUIRE(::chmod(key.c_str(), 0600) == 0);
+  REQUIRE(::chown(key.c_str(), 65534, 65534) == 0);
+  DaemonOptions keyOfTheirs;
+  keyOfTheirs.configToml = "[secrets]\nkey_file = \"" + key.string() + "\"\n";
+  refusedWith(keyOfTheirs, "belongs to uid 65534", "refusing a key this user does not own");
+}
+
+TEST_CASE("toolhostctl does not trust a default socket directory in /tmp made by another user",
+          "[e2e][cli]") {
+  if (::geteuid() != 0 || runProgram({"unshare", "-m", "true"}).status != 0) {
+    WARN("needs root and mount namespaces to fake /tmp for another uid; skipped");
+    return;
+  }
+  // In a private /tmp: uid 65533 made /tmp/toolhost-65534 first; uid 65534 runs toolhostctl with
+  // no XDG_RUNTIME_DIR, so the default socket is in that directory.
+  const std::string script =
+      "mount -t tmpfs none /tmp && mkdir -m 0755 /tmp/toolhost-65534 && "
+      "chown 65533:65533 /tmp/toolhost-65534 && "
+      "exec setpriv --reuid=65534 --regid=65534 --clear-groups env -i " +
+      ctlBinary().string() + " ping";
+  auto result = runProgram({"unshare", "-m", "--propagation", "private", "sh", "-c", script});
+  CHECK(result.status == 3);
+  CHECK_THAT(result.err, Catch::Contains("not connecting to /tmp/toolhost-65534/toolhost.sock") &&
+                             Catch::Contains("uid 65533"));
+}
+
 TEST_CASE("a stale socket is replaced, a live one stops a second daemon", "[e2e][daemon]") {
   TempDir dir;
   auto socket = dir.path() / "s";
@@ -259,6 +325,18 @@ TEST_CASE("toolhostctl prints JSON with exit codes a script can rely on", "[e2e]
   auto nobody = runProgram({ctl, "--socket", daemon->dir().string() + "/missing", "ping"});
   CHECK(nobody.status == 3);
   CHECK_THAT(nobody.err, Catch::Contains("cannot connect"));
+
+  // What a tool or a server chose reaches the terminal without C1 controls, bidirectional
+  // overrides or DEL, as JSON escapes: the same JSON.
+  const std::string sneaky = "A\u009b31mRED\u202eXYZ\u007f";
+  auto escaped = runProgram(
+      {ctl, "--socket", socket, "--compact", "call", "echo", R"({"text":")" + sneaky + R"("})"});
+  CHECK(escaped.status == 0);
+  CHECK(escaped.out.find("\xc2\x9b") == std::string::npos);
+  CHECK(escaped.out.find("\xe2\x80\xae") == std::string::npos);
+  CHECK(escaped.out.find('\x7f') == std::string::npos);
+  CHECK_THAT(escaped.out, Catch::Contains(R"(A\u009b31mRED\u202eXYZ\u007f)"));
+  CHECK(parse(escaped.out).at("result").at("text") == json::value(sneaky));
 }
 
 TEST_CASE("a peer without an access rule gets one error naming its uid", "[e2e][daemon][peers]") {

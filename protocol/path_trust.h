@@ -1,0 +1,21 @@
+// Whether a path could be changed by a user other than this process's effective user: used by
+// toolhostd before it listens or keeps state in a directory that already exists, and by
+// toolhostctl before it trusts the default socket under /tmp. A directory in /tmp made by another
+// user, or one others may write to, lets that user put their own socket (and read what clients
+// send it) or their own database and key in place of the daemon's.
+#pragma once
+
+#include <filesystem>
+#include <optional>
+#include <string>
+
+namespace toolhost::protocol {
+
+// Every existing component of `path` (made absolute, then also resolved through its symbolic
+// links) must belong to the effective user or root, and a directory must not be writable by its
+// group or others unless its sticky bit is set (as /tmp's is). Components that do not exist yet
+// are not judged: whoever creates them owns them. std::nullopt when the path is trusted, else the
+// reason, naming the component.
+std::optional<std::string> untrustedPathReason(const std::filesystem::path& path);
+
+}  // namespace toolhost::protocol

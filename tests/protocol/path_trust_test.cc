@@ -1,0 +1,80 @@
+// protocol::untrustedPathReason: what other users could change, on real directories.
+#include "protocol/path_trust.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+
+namespace fs = std::filesystem;
+using toolhost::protocol::untrustedPathReason;
+
+namespace {
+
+struct Dir {
+  Dir() {
+    std::string pattern = (fs::temp_directory_path() / "th-trust-XXXXXX").string();
+    REQUIRE(::mkdtemp(pattern.data()) != nullptr);
+    path = pattern;
+  }
+  ~Dir() {
+    std::error_code ignored;
+    fs::remove_all(path, ignored);
+  }
+  fs::path path;
+};
+
+}  // namespace
+
+TEST_CASE("a path of our own and root's directories is trusted, also where it does not exist yet",
+          "[path-trust]") {
+  Dir dir;
+  CHECK_FALSE(untrustedPathReason(dir.path));
+  CHECK_FALSE(untrustedPathReason(dir.path / "not/yet/made"));
+  CHECK_FALSE(untrustedPathReason("/"));
+  // /tmp may be written by everyone, but its sticky bit keeps others from replacing our entries.
+  CHECK_FALSE(untrustedPathReason(fs::temp_directory_path()));
+}
+
+TEST_CASE("a directory others may write to without a sticky bit is not trusted", "[path-trust]") {
+  Dir dir;
+  const fs::path open = dir.path / "open";
+  fs::create_directory(open);
+  REQUIRE(::chmod(open.c_str(), 0777) == 0);
+  auto reason = untrustedPathReason(open / "toolhost.sock");
+  REQUIRE(reason);
+  CHECK_THAT(*reason, Catch::Contains(open.string()) && Catch::Contains("0777"));
+  REQUIRE(::chmod(open.c_str(), 01777) == 0);
+  CHECK_FALSE(untrustedPathReason(open / "toolhost.sock"));
+  REQUIRE(::chmod(open.c_str(), 0770) == 0);
+  CHECK(untrustedPathReason(open));
+}
+
+TEST_CASE("a directory, file or symbolic link of another user is not trusted", "[path-trust]") {
+  if (::geteuid() != 0) {
+    WARN("needs root to give a directory to another uid; skipped");
+    return;
+  }
+  Dir dir;
+  const fs::path theirs = dir.path / "theirs";
+  fs::create_directory(theirs);
+  REQUIRE(::chmod(theirs.c_str(), 0700) == 0);
+  REQUIRE(::chown(theirs.c_str(), 65534, 65534) == 0);
+  auto reason = untrustedPathReason(theirs / "state");
+  REQUIRE(reason);
+  CHECK_THAT(*reason, Catch::Contains("uid 65534"));
+
+  // A link of theirs could be pointed elsewhere at any time, wherever it points now.
+  const fs::path link = dir.path / "link";
+  fs::create_directory_symlink(dir.path, link);
+  REQUIRE(::lchown(link.c_str(), 65534, 65534) == 0);
+  CHECK(untrustedPathReason(link / "x"));
+  // A link of ours into their directory is judged where it leads.
+  const fs::path ours = dir.path / "ours";
+  fs::create_directory_symlink(theirs, ours);
+  CHECK(untrustedPathReason(ours / "x"));
+}

@@ -1,6 +1,7 @@
 #include "runtime/capabilities.h"
 
 #include "protocol/json_text.h"
+#include "registry/tool_storage.h"
 #include "runtime/fetch_api.h"
 #include "runtime/json_bridge.h"
 #include "runtime/sandbox.h"
@@ -97,6 +98,10 @@ struct OperationRequest {
   ReplyKind reply = ReplyKind::json;
 };
 
+// Secret names are short identifiers (the vault takes at most 64 bytes, and says so); a far
+// longer one is refused here, before it is copied.
+constexpr std::size_t kMaxSecretNameBytes = 1024;
+
 // A string argument, or a TypeError naming it.
 // Whether `text` has no lone surrogate, so that its UTF-8 says exactly what it holds (a lone
 // surrogate would become U+FFFD, and two different keys the same one).
@@ -119,18 +124,27 @@ bool wellFormed(v8::Isolate* isolate, v8::Local<v8::String> text) {
 }
 
 std::optional<std::string> stringArgument(v8::Local<v8::Context> context,
-                                          v8::Local<v8::Value> value, const std::string& what) {
+                                          v8::Local<v8::Value> value, const std::string& what,
+                                          std::size_t maxBytes) {
   if (!value->IsString()) {
     throwInvalidArgument(context, what + " must be a string");
     return std::nullopt;
   }
+  // Before anything reads it (see toUtf8Within); the exact UTF-8 size is checked after.
+  const auto tooLong = [&] {
+    throwInvalidArgument(context, what + " is longer than " + std::to_string(maxBytes) + " bytes");
+    return std::nullopt;
+  };
+  if (static_cast<std::size_t>(value.As<v8::String>()->Length()) > maxBytes) return tooLong();
   if (!wellFormed(context->GetIsolate(), value.As<v8::String>())) {
     throwInvalidArgument(context, what +
                                       " holds a lone surrogate (half of a UTF-16 pair): it "
                                       "has no UTF-8 form and could not be told from others");
     return std::nullopt;
   }
-  return toUtf8(context->GetIsolate(), value.As<v8::String>());
+  auto text = toUtf8Within(context->GetIsolate(), value.As<v8::String>(), maxBytes);
+  if (!text) return tooLong();
+  return text;
 }
 
 std::optional<OperationRequest> popupRequest(v8::Local<v8::Context> context,
@@ -158,9 +172,17 @@ std::optional<OperationRequest> popupRequest(v8::Local<v8::Context> context,
     throwInvalidArgument(context, kUsage);
     return std::nullopt;
   }
+  auto text = toUtf8Within(isolate, value.As<v8::String>(), kMaxOutstandingRequestBytes);
+  if (!text) {
+    throwTooLarge(context, "ctx.popup(request): request." + std::string(member) +
+                               " holds more than " +
+                               std::to_string(kMaxOutstandingRequestBytes >> 20) +
+                               " MiB, the most one call's requests may hold");
+    return std::nullopt;
+  }
   json::object request;
   request["kind"] = kindText;
-  request[member] = toUtf8(isolate, value.As<v8::String>());
+  request[member] = std::move(*text);
   return OperationRequest{"popup", std::move(request)};
 }
 
@@ -186,7 +208,7 @@ std::optional<OperationRequest> operationRequest(v8::Local<v8::Context> context,
   } else if constexpr (door == Door::popup) {
     return popupRequest(context, info[0]);
   } else if constexpr (door == Door::secret) {
-    auto name = stringArgument(context, info[0], "ctx.secret(name): name");
+    auto name = stringArgument(context, info[0], "ctx.secret(name): name", kMaxSecretNameBytes);
     if (!name) return std::nullopt;
     return OperationRequest{"secret", json::object{{"name", *name}}};
   } else if constexpr (door == Door::storageList) {
@@ -196,7 +218,8 @@ std::optional<OperationRequest> operationRequest(v8::Local<v8::Context> context,
     static_assert(door == Door::storageGet || door == Door::storageSet ||
                   door == Door::storageDelete);
     const char* op = door == Door::storageGet ? "get" : door == Door::storageSet ? "set" : "delete";
-    auto key = stringArgument(context, info[0], std::string("ctx.storage.") + op + "(key): key");
+    auto key = stringArgument(context, info[0], std::string("ctx.storage.") + op + "(key): key",
+                              registry::kMaxStorageKeyBytes);
     if (!key) return std::nullopt;
     json::object request{{"op", op}, {"key", *key}};
     if constexpr (door == Door::storageSet) {
@@ -265,7 +288,9 @@ void onDoor(const DoorArgs& info, v8::Local<v8::Value> epoch) {
       return;
     }
     if constexpr (door == Door::resolveInvocation) {
+      // The length in UTF-16 units first: no scan of a huge string.
       if (info.length() < 1 || !info[0]->IsString() ||
+          static_cast<std::size_t>(info[0].As<v8::String>()->Length()) > kMaxToolNameBytes ||
           static_cast<std::size_t>(info[0].As<v8::String>()->Utf8Length(isolate)) >
               kMaxToolNameBytes) {
         reject(context, resolver,
@@ -492,7 +517,10 @@ v8::Local<v8::Value> orEmpty(v8::MaybeLocal<v8::Function> function) {
 bool installGlobals(v8::Local<v8::Context> context, Prelude& prelude) {
   v8::Isolate* isolate = context->GetIsolate();
   v8::Local<v8::Object> global = context->Global();
-  for (const char* name : {"SharedArrayBuffer", "Atomics", "WebAssembly", "console"}) {
+  // Intl goes too: its objects (a DateTimeFormat, a Segmenter's segments of a long string) keep
+  // ICU memory outside the V8 heap that no limit sees, so a tool holding thousands of them grows
+  // its sandbox process by gigabytes. toLocaleString and localeCompare, which keep nothing, stay.
+  for (const char* name : {"SharedArrayBuffer", "Atomics", "WebAssembly", "Intl", "console"}) {
     global->Delete(context, v8String(isolate, name)).FromMaybe(false);
   }
   v8::Local<v8::Value> none;

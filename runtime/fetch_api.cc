@@ -25,6 +25,10 @@ namespace {
 // smaller, limits): a bound on memory outside the sandbox's heap, and on a runaway iterator.
 constexpr std::size_t kMaxRequestHeaders = 1024;
 constexpr std::size_t kMaxRequestHeaderBytes = 1024 * 1024;
+// The longest URL and method a request is built with (a method is a short token; browsers stop
+// near 2 MB for URLs, servers far earlier).
+constexpr std::size_t kMaxUrlBytes = 1024 * 1024;
+constexpr std::size_t kMaxMethodBytes = 256;
 
 // The prelude: Response and Headers, compiled into each context before any tool code. It runs
 // once, captures every intrinsic it uses into its own closure, and from then on looks up nothing
@@ -246,15 +250,7 @@ class HeaderList {
     std::string nameText, valueText;
     if (!text(name, nameText) || !text(value, valueText)) return false;
     bytes_ += nameText.size() + valueText.size();
-    if (out_.size() >= kMaxRequestHeaders || bytes_ > kMaxRequestHeaderBytes) {
-      isolate_->ThrowException(
-          makeHostError(context_,
-                        "fetch: the request headers pass the runtime's limit of " +
-                            std::to_string(kMaxRequestHeaders) + " headers or " +
-                            std::to_string(kMaxRequestHeaderBytes) + " bytes",
-                        "request-too-large"));
-      return false;
-    }
+    if (out_.size() >= kMaxRequestHeaders || bytes_ > kMaxRequestHeaderBytes) return tooLarge();
     out_.push_back(json::array{json::string(nameText), json::string(valueText)});
     return true;
   }
@@ -280,8 +276,17 @@ class HeaderList {
     }
     v8::Local<v8::String> string;
     if (!value->ToString(context_).ToLocal(&string)) return false;
-    out = toUtf8(isolate_, string);
+    auto converted = toUtf8Within(isolate_, string, kMaxRequestHeaderBytes - bytes_);
+    if (!converted) return tooLarge();
+    out = std::move(*converted);
     return true;
+  }
+
+  bool tooLarge() {
+    throwTooLarge(context_, "fetch: the request headers pass the runtime's limit of " +
+                                std::to_string(kMaxRequestHeaders) + " headers or " +
+                                std::to_string(kMaxRequestHeaderBytes) + " bytes");
+    return false;
   }
 
   v8::Local<v8::Context> context_;
@@ -372,10 +377,24 @@ std::optional<std::string> readBody(v8::Local<v8::Context> context, v8::Local<v8
                                     bool& ok) {
   ok = true;
   if (body->IsNullOrUndefined()) return std::nullopt;
-  if (body->IsString()) return toUtf8(context->GetIsolate(), body.As<v8::String>());
+  // Measured before it is copied: a larger body could never be sent (kMaxOutstandingRequestBytes).
+  auto tooLarge = [&] {
+    ok = false;
+    throwTooLarge(context, "fetch: init.body holds more than " +
+                               std::to_string(kMaxOutstandingRequestBytes >> 20) +
+                               " MiB, the most one call's requests may hold");
+    return std::nullopt;
+  };
+  if (body->IsString()) {
+    auto text =
+        toUtf8Within(context->GetIsolate(), body.As<v8::String>(), kMaxOutstandingRequestBytes);
+    if (!text) return tooLarge();
+    return text;
+  }
   std::string bytes;
   if (body->IsArrayBuffer()) {
     std::shared_ptr<v8::BackingStore> store = body.As<v8::ArrayBuffer>()->GetBackingStore();
+    if (store->ByteLength() > kMaxOutstandingRequestBytes) return tooLarge();
     if (store->ByteLength() > 0) {
       bytes.assign(static_cast<const char*>(store->Data()), store->ByteLength());
     }
@@ -383,6 +402,7 @@ std::optional<std::string> readBody(v8::Local<v8::Context> context, v8::Local<v8
   }
   if (body->IsArrayBufferView()) {
     auto view = body.As<v8::ArrayBufferView>();
+    if (view->ByteLength() > kMaxOutstandingRequestBytes) return tooLarge();
     bytes.resize(view->ByteLength());
     if (!bytes.empty()) bytes.resize(view->CopyContents(bytes.data(), bytes.size()));
     return bytes;
@@ -417,6 +437,10 @@ v8::Local<v8::Value> makeHostError(v8::Local<v8::Context> context, std::string_v
 void throwInvalidArgument(v8::Local<v8::Context> context, std::string_view message) {
   context->GetIsolate()->ThrowException(
       makeHostError(context, message, "invalid-argument", /*typeError=*/true));
+}
+
+void throwTooLarge(v8::Local<v8::Context> context, std::string_view message) {
+  context->GetIsolate()->ThrowException(makeHostError(context, message, "request-too-large"));
 }
 
 namespace {
@@ -521,9 +545,15 @@ std::optional<json::object> fetchRequest(v8::Local<v8::Context> context, v8::Loc
   v8::Isolate* isolate = context->GetIsolate();
   std::string url;
   bool haveUrl = false;
-  if (input->IsString()) {
-    url = toUtf8(isolate, input.As<v8::String>());
+  bool urlTooLong = false;
+  auto readUrl = [&](v8::Local<v8::String> text) {
+    auto converted = toUtf8Within(isolate, text, kMaxUrlBytes);
+    urlTooLong = !converted;
+    url = converted.value_or("");
     haveUrl = true;
+  };
+  if (input->IsString()) {
+    readUrl(input.As<v8::String>());
   } else if (input->IsObject()) {
     for (const char* key : {"url", "href"}) {
       v8::Local<v8::Value> value;
@@ -531,11 +561,15 @@ std::optional<json::object> fetchRequest(v8::Local<v8::Context> context, v8::Loc
         return std::nullopt;
       }
       if (value->IsString()) {
-        url = toUtf8(isolate, value.As<v8::String>());
-        haveUrl = true;
+        readUrl(value.As<v8::String>());
         break;
       }
     }
+  }
+  if (urlTooLong) {
+    throwTooLarge(context,
+                  "fetch: the URL is longer than " + std::to_string(kMaxUrlBytes >> 20) + " MiB");
+    return std::nullopt;
   }
   if (!haveUrl) {
     throwInvalidArgument(
@@ -557,7 +591,13 @@ std::optional<json::object> fetchRequest(v8::Local<v8::Context> context, v8::Loc
     v8::Local<v8::Value> value;
     if (!options->Get(context, v8String(isolate, "method")).ToLocal(&value)) return std::nullopt;
     if (value->IsString()) {
-      method = toUtf8(isolate, value.As<v8::String>());
+      auto converted = toUtf8Within(isolate, value.As<v8::String>(), kMaxMethodBytes);
+      if (!converted) {
+        throwInvalidArgument(context, "fetch: init.method is longer than " +
+                                          std::to_string(kMaxMethodBytes) + " bytes");
+        return std::nullopt;
+      }
+      method = std::move(*converted);
     } else if (!value->IsUndefined()) {
       throwInvalidArgument(context, "fetch: init.method must be a string");
       return std::nullopt;

@@ -27,6 +27,9 @@ v8::Local<v8::Value> makeHostError(v8::Local<v8::Context> context, std::string_v
 // Throws makeHostError(message, "invalid-argument") as a TypeError: how a door refuses a bad
 // argument.
 void throwInvalidArgument(v8::Local<v8::Context> context, std::string_view message);
+// Throws makeHostError(message, "request-too-large"): how a door refuses a request larger than
+// it could ever send, before building it.
+void throwTooLarge(v8::Local<v8::Context> context, std::string_view message);
 
 // Compiles and runs the prelude in a fresh context; returns the function that makes a Response:
 // (status, statusText, url, headers: [[name, value]...] sorted and combined, body: ArrayBuffer).

@@ -258,6 +258,11 @@ class Walker {
       v8::Local<v8::Value> key;
       if (!keys->Get(context_, i).ToLocal(&key)) return threw(tryCatch);
       if (!key->IsString()) continue;
+      // As for string values: a key that cannot fit is refused before it is copied.
+      if (bytes_ + static_cast<std::size_t>(key.As<v8::String>()->Length()) + 3 >
+          options_.maxBytes) {
+        return tooLarge();
+      }
       std::string name = toUtf8(isolate_, key.As<v8::String>());
       path_.push_back(Segment{0, &name});
       bool own = false;
@@ -373,13 +378,25 @@ std::string toUtf8(v8::Isolate* isolate, v8::Local<v8::String> text, std::size_t
       // Latin-1 beyond ASCII takes two bytes in UTF-8: the general path.
     }
   }
-  const int length = text->Utf8Length(isolate);
-  const std::size_t capacity = std::min(static_cast<std::size_t>(length), maxBytes);
+  // Longer than maxBytes in UTF-16 units: longer in UTF-8 too, and only the first maxBytes
+  // bytes are wanted, without a scan of the whole string.
+  const std::size_t capacity =
+      static_cast<std::size_t>(text->Length()) > maxBytes
+          ? maxBytes
+          : std::min(static_cast<std::size_t>(text->Utf8Length(isolate)), maxBytes);
   std::string out(capacity, '\0');
   const int written =
       text->WriteUtf8(isolate, out.data(), static_cast<int>(capacity), nullptr,
                       v8::String::NO_NULL_TERMINATION | v8::String::REPLACE_INVALID_UTF8);
   out.resize(static_cast<std::size_t>(written));
+  return out;
+}
+
+std::optional<std::string> toUtf8Within(v8::Isolate* isolate, v8::Local<v8::String> text,
+                                        std::size_t maxBytes) {
+  if (static_cast<std::size_t>(text->Length()) > maxBytes) return std::nullopt;
+  std::string out = toUtf8(isolate, text);
+  if (out.size() > maxBytes) return std::nullopt;
   return out;
 }
 

@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <cstddef>
+#include <optional>
 #include <string>
 
 namespace toolhost::runtime {
@@ -54,6 +55,13 @@ v8::MaybeLocal<v8::Value> fromJson(v8::Local<v8::Context> context, const boost::
 // on a character boundary.
 std::string toUtf8(v8::Isolate* isolate, v8::Local<v8::String> text,
                    std::size_t maxBytes = static_cast<std::size_t>(-1));
+
+// `text` as UTF-8 when that is at most `maxBytes`, else nullopt. A string longer than `maxBytes`
+// in UTF-16 units (a lower bound of its UTF-8 length) is refused before anything reads it: a
+// tool's string may be a rope of a gigabyte, which reading would flatten and copy outside every
+// limit of the call.
+std::optional<std::string> toUtf8Within(v8::Isolate* isolate, v8::Local<v8::String> text,
+                                        std::size_t maxBytes);
 
 // A JavaScript string from UTF-8.
 v8::Local<v8::String> v8String(v8::Isolate* isolate, std::string_view text);

@@ -927,3 +927,54 @@ TEST_CASE("a call's host request past kMaxOutstandingOps is refused", "[ops][lim
   CHECK(outcome.result->at("too-many-operations") == 1100 - static_cast<std::int64_t>(kMaxOutstandingOps));
   CHECK(f.host.operations().size() == kMaxOutstandingOps);
 }
+
+TEST_CASE("a request too large to send is refused before its strings are read", "[ops][limits]") {
+  PoolFixture f;
+  // Ropes of half a gigabyte cost the tool nothing to make; flattening or copying one would cost
+  // the sandbox process a gigabyte and seconds outside every limit of the call.
+  auto tool =
+      makeTool(R"(export default async (args, ctx) => {
+      const huge = 'a'.repeat(2 ** 29 - 24);
+      const wide = '\u1234'.repeat(2 ** 28);
+      const out = {};
+      const attempt = async (name, start) => {
+        try { await start(); out[name] = 'sent'; }
+        catch (e) { out[name] = [e.code ?? null, String(e.message)]; }
+      };
+      await attempt('storageKey', () => ctx.storage.get(huge));
+      await attempt('wideKey', () => ctx.storage.set(wide, 1));
+      await attempt('secret', () => ctx.secret(huge));
+      await attempt('body', () => fetch('https://api.example/', { method: 'POST', body: huge }));
+      await attempt('url', () => fetch('https://api.example/' + 'a'.repeat(2 ** 28)));
+      await attempt('header', () => fetch('https://api.example/', { headers: { 'x-big': wide } }));
+      await attempt('method', () => fetch('https://api.example/', { method: huge }));
+      await attempt('popup', () => ctx.popup({ kind: 'custom-html', html: huge }));
+      await attempt('resolve', () => ctx.resolveInvocation(wide));
+      console.log(wide);
+      return out;
+    })",
+               json::object{{"capabilities", json::object{{"storage", true}, {"subtasks", true}}}});
+  auto outcome = f.call(tool);
+  INFO(describe(outcome));
+  REQUIRE(outcome.result);
+  auto refused = [&](const char* name, const char* code, const char* words) {
+    INFO(name);
+    const auto& entry = outcome.result->at(name);
+    REQUIRE(entry.is_array());
+    CHECK(entry.at(0) == code);
+    CHECK_THAT(std::string(entry.at(1).as_string()), Catch::Contains(words));
+  };
+  refused("storageKey", "invalid-argument", "ctx.storage.get(key): key is longer than");
+  refused("wideKey", "invalid-argument", "ctx.storage.set(key): key is longer than");
+  refused("secret", "invalid-argument", "ctx.secret(name): name is longer than");
+  refused("body", "request-too-large", "init.body holds more than 64 MiB");
+  refused("url", "request-too-large", "the URL is longer than");
+  refused("header", "request-too-large", "the request headers pass");
+  refused("method", "invalid-argument", "init.method is longer than");
+  refused("popup", "request-too-large", "request.html holds more than 64 MiB");
+  refused("resolve", "invalid-argument", "takes a tool name");
+  CHECK(f.host.operations().empty());
+  // The log keeps the start of the line, read without the rest of the string.
+  CHECK(outcome.logs.starts_with("[log] \u1234\u1234"));
+  CHECK(outcome.logs.size() < 64 * 1024);
+}

@@ -17,22 +17,30 @@
 //  - Jobs of one connection keep the order in which its requests reached run(): requests start
 //    in the order they arrived, and each reaches run() before its first suspension, so a
 //    pipelined install then activate writes in that order.
-//  - run() is not cancellable: a write that started finishes (a cancelled request resumes after
-//    it, then ends). While a job is out, the caller's executor has outstanding work, so a
-//    graceful stop waits for it.
-//  - stop() runs every queued job, then joins. Call it after the io_context has stopped and
-//    before it is destroyed (the completions are posted to it); the destructor calls it too.
+//  - A job that has started is not cancellable: it finishes (a cancelled request resumes after
+//    it, then ends). A job still queued when its request is cancelled (terminal cancellation:
+//    $/cancelRequest, the client gone, the end of the shutdown grace) never runs: run() throws
+//    boost::system::system_error(operation_aborted) instead. While a job is out, the caller's
+//    executor has outstanding work, so a graceful stop waits for it.
+//  - stop() runs (or skips, as above) every queued job, then joins. Call it after the io_context
+//    has stopped and before it is destroyed (the completions are posted to it); the destructor
+//    calls it too.
 #pragma once
 
+#include <boost/asio/associated_cancellation_slot.hpp>
 #include <boost/asio/associated_executor.hpp>
 #include <boost/asio/async_result.hpp>
 #include <boost/asio/awaitable.hpp>
+#include <boost/asio/error.hpp>
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/use_awaitable.hpp>
+#include <boost/system/system_error.hpp>
 
+#include <atomic>
 #include <exception>
+#include <memory>
 #include <optional>
 #include <thread>
 #include <type_traits>
@@ -78,13 +86,36 @@ boost::asio::awaitable<std::invoke_result_t<F&>> DiskThread::run(F fn) {
         // The guard keeps the caller's executor busy (a graceful stop waits for the job); the
         // completion goes back to that executor, never runs on the disk thread.
         auto work = boost::asio::make_work_guard(boost::asio::get_associated_executor(handler));
-        boost::asio::post(context_, [&, handler = std::move(handler), work = std::move(work)]() mutable {
-          try {
-            result.emplace(fn());
-          } catch (...) {
-            failure = std::current_exception();
+        // Set by the caller's terminal cancellation (on the caller's executor, like the slot's
+        // clearing below): a job still queued then is skipped.
+        auto abandoned = std::make_shared<std::atomic<bool>>(false);
+        auto slot = boost::asio::get_associated_cancellation_slot(handler);
+        if (slot.is_connected()) {
+          slot.assign([abandoned](boost::asio::cancellation_type type) {
+            if ((type & boost::asio::cancellation_type::terminal) !=
+                boost::asio::cancellation_type::none) {
+              abandoned->store(true);
+            }
+          });
+        }
+        boost::asio::post(context_, [&, abandoned, handler = std::move(handler),
+                                     work = std::move(work)]() mutable {
+          if (abandoned->load()) {
+            failure = std::make_exception_ptr(
+                boost::system::system_error(boost::asio::error::operation_aborted));
+          } else {
+            try {
+              result.emplace(fn());
+            } catch (...) {
+              failure = std::current_exception();
+            }
           }
-          boost::asio::post(std::move(handler));
+          auto executor = boost::asio::get_associated_executor(handler);
+          boost::asio::post(executor, [handler = std::move(handler)]() mutable {
+            auto assigned = boost::asio::get_associated_cancellation_slot(handler);
+            if (assigned.is_connected()) assigned.clear();
+            std::move(handler)();
+          });
           work.reset();
         });
       },

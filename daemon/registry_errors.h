@@ -23,6 +23,8 @@ inline protocol::RpcError toRpcError(const registry::RegistryError& error) {
     case RegistryErrc::reservedName: return make(app_error::kConflict, "reserved-name");
     case RegistryErrc::integrity: return make(app_error::kIntegrity, "integrity");
     case RegistryErrc::storage: return make(app_error::kStorageFull, "storage");
+    case RegistryErrc::tooLarge:
+      return make(app_error::kOutputTooLarge, "output-too-large");
   }
   return make(protocol::rpc_error::kInternalError, "internal");
 }

@@ -90,9 +90,14 @@ void registerTaskMethods(MethodTable& methods, registry::TaskStore& tasks, DiskT
                  {"tasks"}),
       schema(R"({"type":"object","required":["ids","created"],"properties":{
           "ids":{"type":"array","items":{"type":"string"}},"created":{"type":"integer"}}})"),
-      [&tasks, &disk](CallContext& context, json::object params) -> asio::awaitable<MethodResult> {
-        auto committed =
-            co_await disk.run([&] { return tasks.commit(params.at("tasks").as_array()); });
+      [&tasks, &disk, &reads](CallContext& context,
+                              json::object params) -> asio::awaitable<MethodResult> {
+        // The checks walk the lineages the batch extends (seconds for long ones): on the
+        // lineage-read thread, so that every other write does not wait behind them.
+        auto prepared =
+            co_await reads.run([&] { return tasks.prepareCommit(params.at("tasks").as_array()); });
+        if (!prepared) co_return failure(context, "tasks.commit", prepared.error());
+        auto committed = co_await disk.run([&] { return tasks.writeCommit(*prepared); });
         if (!committed) co_return failure(context, "tasks.commit", committed.error());
         json::array ids;
         for (auto& id : committed->ids) ids.emplace_back(id);

@@ -16,6 +16,7 @@ enum class RegistryErrc {
   reservedName,       // a name that belongs to a built-in tool
   integrity,          // stored data that no longer matches its hash; never served
   storage,            // the state database failed (full disk, map full, I/O)
+  tooLarge,           // an answer larger than any client could be sent
 };
 
 struct RegistryError {

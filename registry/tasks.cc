@@ -340,9 +340,12 @@ Result<json::object> readVerified(store::ReadTxn& txn, store::Table table, const
 // TODO(perf): every compile, commit and read re-walks and re-hashes the whole lineage; a cache of
 // verified lineage summaries (immutable, like the tasks) would make appending to long lineages
 // O(batch) instead of O(lineage).
-template <class Visit>
-Result<std::size_t> walkStored(store::ReadTxn& txn, store::Table table, const std::string& id,
-                               const TaskLimits& limits, Visit&& visit) {
+// `admit(size)` is told each task's stored size before it is parsed; false stops the walk with
+// tooLarge.
+template <class Visit, class Admit = bool (*)(std::size_t)>
+Result<std::size_t> walkStored(
+    store::ReadTxn& txn, store::Table table, const std::string& id, const TaskLimits& limits,
+    Visit&& visit, Admit&& admit = [](std::size_t) { return true; }) {
   std::size_t count = 0;
   std::optional<std::string> current = id;
   std::string child;
@@ -350,6 +353,13 @@ Result<std::size_t> walkStored(store::ReadTxn& txn, store::Table table, const st
     if (++count > limits.maxLineage) {
       return invalid("the lineage of " + id + " is longer than " +
                      std::to_string(limits.maxLineage) + " tasks");
+    }
+    if (auto text = txn.tryGet(table, *current); text && !admit(text->size())) {
+      return RegistryError{RegistryErrc::tooLarge,
+                           "the lineage of " + id + " holds more than " +
+                               std::to_string(limits.maxReadBytes >> 20) +
+                               " MiB of tasks, more than one answer can carry; read it in parts "
+                               "with tasks.get"};
     }
     auto task = readVerified(txn, table, *current);
     if (!task) {
@@ -618,6 +628,12 @@ Result<json::array> TaskStore::compile(const json::array& drafts,
 }
 
 Result<CommitOutcome> TaskStore::commit(const json::array& tasks) {
+  auto prepared = prepareCommit(tasks);
+  if (!prepared) return prepared.error();
+  return writeCommit(*prepared);
+}
+
+Result<PreparedCommit> TaskStore::prepareCommit(const json::array& tasks) {
   if (tasks.empty()) return invalid("tasks: nothing to commit");
   if (tasks.size() > limits_.maxBatch) {
     return invalid("tasks: " + std::to_string(tasks.size()) + " tasks; the limit is " +
@@ -805,19 +821,28 @@ Result<CommitOutcome> TaskStore::commit(const json::array& tasks) {
     }
   }
 
-  // 4. One transaction: every task or none.
+  PreparedCommit prepared;
+  prepared.tasks.reserve(entries.size());
+  for (Entry& entry : entries) {
+    prepared.tasks.emplace_back(std::move(entry.id), std::move(entry.canonical));
+  }
+  return prepared;
+}
+
+Result<CommitOutcome> TaskStore::writeCommit(const PreparedCommit& prepared) {
+  // One transaction: every task or none.
   auto written = store_.write([&](store::WriteTxn& txn) -> boost::system::result<std::size_t> {
     std::size_t created = 0;
-    for (const Entry& entry : entries) {
-      if (txn.putIfAbsent(tasks_, entry.id, entry.canonical)) ++created;
+    for (const auto& [id, canonical] : prepared.tasks) {
+      if (txn.putIfAbsent(tasks_, id, canonical)) ++created;
     }
     return created;
   });
   if (!written) return storageError(store_, written.error());
   CommitOutcome outcome;
   outcome.created = *written;
-  outcome.ids.reserve(entries.size());
-  for (const Entry& entry : entries) outcome.ids.push_back(entry.id);
+  outcome.ids.reserve(prepared.tasks.size());
+  for (const auto& [id, canonical] : prepared.tasks) outcome.ids.push_back(id);
   return outcome;
 }
 
@@ -861,7 +886,8 @@ Result<json::object> TaskStore::get(const std::string& id) {
 
 namespace {
 
-// The stored lineage of `id`, leaf first, each task with its id.
+// The stored lineage of `id`, leaf first, each task with its id; refused (tooLarge) once its
+// stored text passes limits.maxReadBytes, before more of it is read.
 Result<std::vector<std::pair<std::string, json::object>>> readLineage(const store::Store& store,
                                                                       store::Table table,
                                                                       const std::string& id,
@@ -870,9 +896,15 @@ Result<std::vector<std::pair<std::string, json::object>>> readLineage(const stor
   using Nodes = std::vector<std::pair<std::string, json::object>>;
   return unwrap(store.read([&](store::ReadTxn& txn) -> Result<Nodes> {
     Nodes nodes;
-    auto walked =
-        walkStored(txn, table, id, limits, [&](const std::string& taskId, json::object task) {
+    std::size_t bytes = 0;
+    auto walked = walkStored(
+        txn, table, id, limits,
+        [&](const std::string& taskId, json::object task) {
           nodes.emplace_back(taskId, std::move(task));
+        },
+        [&](std::size_t size) {
+          bytes += size;
+          return bytes <= limits.maxReadBytes;
         });
     if (!walked) return walked.error();
     return nodes;
@@ -893,18 +925,23 @@ Result<json::array> TaskStore::lineage(const std::string& id) {
 }
 
 Result<json::array> TaskStore::providerTools(const std::string& id) {
-  auto nodes = readLineage(store_, tasks_, id, limits_);
-  if (!nodes) return nodes.error();
+  if (!protocol::isContentHash(id)) return missing(shown(id) + " is not a task id (sha256:...)");
   std::map<std::string, json::object, std::less<>>
-      tools;                                   // name -> {name, description, parameters}
-  for (const auto& [taskId, task] : *nodes) {  // leaf first: the nearest definition wins
-    if (stringMember(task, "kind") != task_kind::kToolDefinition) continue;
-    const json::object& definition = objectAt(task, "definition");
-    const std::string name = stringAt(definition, "name");
-    tools.try_emplace(name, json::object{{"name", name},
-                                         {"description", definition.at("description")},
-                                         {"parameters", definition.at("parameters")}});
-  }
+      tools;  // name -> {name, description, parameters}
+  // Only the definitions are kept (the answer is about them), so no bound on the text walked.
+  auto walked = unwrap(store_.read([&](store::ReadTxn& txn) {
+    return walkStored(txn, tasks_, id, limits_, [&](const std::string&, json::object task) {
+      // Leaf first: the nearest definition wins.
+      if (stringMember(task, "kind") != task_kind::kToolDefinition) return;
+      const json::object& definition = objectAt(task, "definition");
+      const std::string name = stringAt(definition, "name");
+      tools.try_emplace(name, json::object{{"name", name},
+                                           {"description", definition.at("description")},
+                                           {"parameters", definition.at("parameters")}});
+    });
+  }),
+                       store_);
+  if (!walked) return walked.error();
   auto bindings = registry_.list();
   if (!bindings) return bindings.error();
   for (const Binding& binding : *bindings) {

@@ -42,11 +42,20 @@ struct TaskLimits {
   std::size_t maxTaskBytes = 1024 * 1024;  // canonical JSON of one task (without its id)
   std::size_t maxBatch = 1000;             // drafts per compile, tasks per commit
   std::size_t maxLineage = 100000;         // tasks from a root to a leaf, the leaf included
+  // Stored text one lineage read (lineage, messages) gathers at most: an answer
+  // larger than a connection's 64 MiB of unread answers could never be sent, and building it
+  // would hold several times its size.
+  std::size_t maxReadBytes = std::size_t{64} << 20;
   // Stored tasks one commit may walk, over every lineage it extends (each branch walks its own).
   std::size_t maxCommitWalk = 400000;
   std::size_t maxDepth = 200;                  // JSON nesting inside one task
   std::size_t maxDescriptionBytes = 8 * 1024;  // a tooldefinition's description
   std::size_t maxModules = 64;                 // a code definition's modules
+};
+
+// Tasks TaskStore::prepareCommit checked, for writeCommit: {id, canonical text}, in order.
+struct PreparedCommit {
+  std::vector<std::pair<std::string, std::string>> tasks;
 };
 
 struct CommitOutcome {
@@ -82,6 +91,12 @@ class TaskStore {
   // then writes all tasks in one transaction, or, if any one is refused, nothing. Committing a
   // task that is already stored is idempotent.
   Result<CommitOutcome> commit(const boost::json::array& tasks);
+  // commit() in two steps, so that the checks (which walk the lineages the batch extends: up to
+  // maxCommitWalk stored tasks) can run elsewhere than the writes: prepareCommit reads only;
+  // writeCommit writes what it checked. Tasks are never deleted, so what prepareCommit saw
+  // still holds when writeCommit runs, however much later.
+  Result<PreparedCommit> prepareCommit(const boost::json::array& tasks);
+  Result<CommitOutcome> writeCommit(const PreparedCommit& prepared);
 
   // Re-hashes every stored task and checks that each parent it names is stored; lists what does
   // not match (for store.verify).

@@ -3,6 +3,8 @@
 // busy) while a job is out; stop() runs what is queued.
 #include "daemon/disk_thread.h"
 
+#include <boost/asio/bind_cancellation_slot.hpp>
+#include <boost/asio/cancellation_signal.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/io_context.hpp>
@@ -128,4 +130,44 @@ TEST_CASE("disk thread: stop runs the jobs still queued", "[daemon][disk]") {
     disk.stop();
     CHECK(ran.load() == 3);
   }
+}
+
+TEST_CASE("disk thread: a job whose request is cancelled before it starts never runs",
+          "[daemon][disk]") {
+  asio::io_context io;
+  DiskThread disk;
+  std::promise<void> release;
+  auto released = release.get_future().share();
+  std::atomic<bool> firstRan{false}, secondRan{false};
+  std::string firstOutcome, secondOutcome;
+  asio::cancellation_signal first, second;
+  auto job = [&](std::atomic<bool>& ran, std::string& outcome,
+                 bool holds) -> asio::awaitable<void> {
+    try {
+      co_await disk.run([&] {
+        ran = true;
+        if (holds) released.wait();  // the first job holds the disk thread
+        return 1;
+      });
+      outcome = "done";
+    } catch (const boost::system::system_error& error) {
+      outcome = error.code() == asio::error::operation_aborted ? "aborted" : error.what();
+    }
+  };
+  asio::co_spawn(io, job(firstRan, firstOutcome, true),
+                 asio::bind_cancellation_slot(first.slot(), asio::detached));
+  asio::co_spawn(io, job(secondRan, secondOutcome, false),
+                 asio::bind_cancellation_slot(second.slot(), asio::detached));
+  asio::steady_timer timer(io, 20ms);
+  timer.async_wait([&](boost::system::error_code) {
+    // Both requests are cancelled: the first while its job runs, the second while queued.
+    first.emit(asio::cancellation_type::terminal);
+    second.emit(asio::cancellation_type::terminal);
+    release.set_value();
+  });
+  io.run();
+  CHECK(firstRan.load());
+  CHECK(firstOutcome == "done");  // a job that started finishes
+  CHECK_FALSE(secondRan.load());
+  CHECK(secondOutcome == "aborted");
 }

@@ -589,6 +589,18 @@ TEST_CASE("limits are refused clearly", "[tasks][limits]") {
   CHECK_THAT(failure(walkTasks.commit(branches)).detail, Catch::Contains("tasks[1].parentId"));
   branches.pop_back();
   CHECK(value(walkTasks.commit(branches)).created == 1);
+
+  // A lineage read stops once its stored text passes maxReadBytes: that answer could not be sent.
+  TaskLimits readLimits;
+  readLimits.maxReadBytes = 100;
+  TaskStore readTasks(*store, registry, readLimits);
+  CHECK(value(readTasks.lineage(idOf(two[0]))).size() == 1);
+  for (auto refused : {readTasks.lineage(idOf(third[0])), readTasks.messages(idOf(third[0]))}) {
+    CHECK(failure(refused).code == RegistryErrc::tooLarge);
+    CHECK_THAT(failure(refused).detail, Catch::Contains("more than one answer can carry"));
+  }
+  // providerTools keeps only definitions: its answer stays small.
+  CHECK(readTasks.providerTools(idOf(third[0])).has_value());
 }
 
 TEST_CASE("providerTools merges registry bindings with the lineage's definitions",

@@ -74,10 +74,14 @@ void registerMetaMethods(MethodTable& methods, const DaemonFacts& facts) {
                             {"pid", context.peer.pid},
                             {"roles", json::value_from(context.roles.names())},
                             {"connection", context.connectionId}};
-        json::object limits{{"maxMessageBytes", config.limits.maxMessageBytes},
-                            {"maxDepth", config.limits.maxDepth},
-                            {"maxBatch", config.limits.maxBatch},
-                            {"maxInFlight", config.limits.maxInFlight},
+        // The caller's connection keeps the limits it was accepted with: those are in force for
+        // it, whatever a reload set since.
+        const protocol::WireLimits& wire =
+            context.session ? context.session->limits() : config.limits;
+        json::object limits{{"maxMessageBytes", wire.maxMessageBytes},
+                            {"maxDepth", wire.maxDepth},
+                            {"maxBatch", wire.maxBatch},
+                            {"maxInFlight", wire.maxInFlight},
                             {"shutdownGraceMs", config.shutdownGrace.count()}};
         json::object info{{"name", "toolhost"},
                           {"version", facts.version},

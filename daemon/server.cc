@@ -92,6 +92,18 @@ boost::system::result<void, ServerError> Server::listen() {
                            errnoText(errno)};
       }
     }
+  } else if (config.socketGroup) {
+    // A directory that was there already keeps its mode: say so when the group cannot pass it.
+    struct stat dir {};
+    const fs::path shown = parent.empty() ? fs::path(".") : parent;
+    if (::stat(shown.c_str(), &dir) == 0 && (dir.st_mode & S_IXOTH) == 0 &&
+        !(dir.st_gid == *config.socketGroup && (dir.st_mode & S_IXGRP) != 0)) {
+      spdlog::warn(
+          "[server] socket_group cannot reach the socket: its directory {} is mode {:04o}, group "
+          "{}; give it to the group with mode 0710 (chgrp {} {}; chmod 0710 {})",
+          shown.string(), dir.st_mode & 07777, dir.st_gid, *config.socketGroup, shown.string(),
+          shown.string());
+    }
   }
 
   struct stat existing {};

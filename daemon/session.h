@@ -36,6 +36,9 @@ class Session : public std::enable_shared_from_this<Session> {
   // Serves the connection until it ends. Must be spawned on the socket's executor (a strand).
   boost::asio::awaitable<void> run();
 
+  // The limits this connection was accepted with (a reload changes them for later ones only).
+  const protocol::WireLimits& limits() const { return limits_; }
+
   // Sends a server-to-client notification. Thread-safe. A client that stops reading while
   // notifications pile up beyond a bound is disconnected.
   void notify(boost::json::object message);

@@ -3,12 +3,13 @@
 
 #include "protocol/json_parse.h"
 
-#include <catch2/catch.hpp>
+#include <grp.h>
 #include <lmdb.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
+#include <catch2/catch.hpp>
 
 #include <cstring>
 #include <fstream>
@@ -155,6 +156,35 @@ TEST_CASE("toolhostctl does not trust a default socket directory in /tmp made by
   CHECK(result.status == 3);
   CHECK_THAT(result.err, Catch::Contains("not connecting to /tmp/toolhost-65534/toolhost.sock") &&
                              Catch::Contains("uid 65533"));
+}
+
+TEST_CASE("socket_group: the group may reach the socket, or the log says why not",
+          "[e2e][daemon]") {
+  const group* own = ::getgrgid(::getegid());
+  REQUIRE(own != nullptr);
+  TempDir dir;
+  DaemonOptions options;
+  options.configToml = "[server]\nsocket_group = \"" + std::string(own->gr_name) + "\"\n";
+  options.socketPath = dir.path() / "made" / "s";
+  auto made = DaemonProcess::start(options);
+  struct stat info {};
+  REQUIRE(::stat((dir.path() / "made").c_str(), &info) == 0);
+  CHECK((info.st_mode & 07777) == 0710);
+  CHECK(info.st_gid == ::getegid());
+  REQUIRE(::stat(options.socketPath->c_str(), &info) == 0);
+  CHECK((info.st_mode & 0777) == 0660);
+  CHECK_THAT(made->log(), !Catch::Contains("cannot reach the socket"));
+  CHECK(made->stop() == 0);
+
+  // A directory that was there already keeps its mode; if the group cannot pass it, the log says.
+  const fs::path closed = dir.path() / "closed";
+  fs::create_directory(closed);
+  REQUIRE(::chmod(closed.c_str(), 0700) == 0);
+  options.socketPath = closed / "s";
+  auto kept = DaemonProcess::start(options);
+  CHECK_THAT(kept->log(), Catch::Contains("socket_group cannot reach the socket: its directory " +
+                                          closed.string() + " is mode 0700"));
+  CHECK(kept->stop() == 0);
 }
 
 TEST_CASE("a stale socket is replaced, a live one stops a second daemon", "[e2e][daemon]") {

@@ -607,6 +607,8 @@ TEST_CASE(
     CHECK(refused.status == 1);
   }
 
+  RawClient accepted(socket);  // before the reload: it keeps the limits it was accepted with
+  CHECK(accepted.call("ping").contains("result"));
   writeFile(config,
             "[limits]\nmax_batch = 3\n[log]\nlevel = \"debug\"\n[store]\nmap_size_mb = 2048\n"
             "[server]\nio_threads = 3\n[[access]]\nuid = 65534\nroles = [\"agent\"]\n");
@@ -635,6 +637,10 @@ TEST_CASE(
     REQUIRE(answered.is_array());
     CHECK(answered.as_array().size() == 3);
   }
+  // daemon.info shows a connection the limits that bind it.
+  CHECK(accepted.call("daemon.info").at("result").at("limits").at("maxBatch") == 2);
+  accepted.send(batchOfThree);
+  CHECK(accepted.readJson().at("error").at("data").at("kind") == "limit-exceeded");
   CHECK(eventually(
       [&] { return daemon.log().find(" open uid=") != std::string::npos; }));  // debug on
   if (asRoot) {

@@ -14,7 +14,9 @@
 #include <boost/json/serialize.hpp>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <iterator>
 #include <string>
@@ -24,6 +26,9 @@ namespace json = boost::json;
 using namespace toolhost;
 
 namespace {
+
+// The longest --timeout: about 115 days, far from overflowing the milliseconds.
+constexpr double kMaxTimeoutSeconds = 1e7;
 
 using cli::kExitConnect;
 using cli::kExitResult;
@@ -141,7 +146,17 @@ int main(int argc, char** argv) {
   app.add_flag("--compact", compact, "print one line of JSON (the default when not a terminal)");
   app.add_flag("--pretty", forcePretty, "print indented JSON (the default on a terminal)");
   app.add_option("--timeout", timeoutSeconds, "seconds to wait for the answer (default: no limit)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Validator(
+          [](std::string& text) -> std::string {
+            // NaN passes every comparison, and a huge number overflows the milliseconds.
+            const double seconds = std::strtod(text.c_str(), nullptr);
+            if (!std::isfinite(seconds) || seconds < 0 || seconds > kMaxTimeoutSeconds) {
+              return "--timeout must be a number of seconds from 0 to " +
+                     std::to_string(static_cast<long>(kMaxTimeoutSeconds));
+            }
+            return {};
+          },
+          "SECONDS"));
 
   auto* ping = app.add_subcommand("ping", "check that the daemon answers");
   auto* info = app.add_subcommand("info", "version, V8 version, uptime, your roles, limits");
@@ -256,9 +271,10 @@ int main(int argc, char** argv) {
       return kExitConnect;
     }
   }
-  auto timeout = timeoutSeconds > 0
-                     ? std::chrono::milliseconds(static_cast<std::int64_t>(timeoutSeconds * 1000))
-                     : std::chrono::milliseconds::max();
+  // At least a millisecond: a tiny positive timeout still waits.
+  auto timeout = timeoutSeconds > 0 ? std::chrono::milliseconds(std::max<std::int64_t>(
+                                          1, std::llround(timeoutSeconds * 1000)))
+                                    : std::chrono::milliseconds::max();
 
   if (*ping) return callAndPrint(socket, "ping", nullptr, asPretty, timeout);
   if (*info) return callAndPrint(socket, "daemon.info", nullptr, asPretty, timeout);

@@ -266,6 +266,10 @@ int main(int argc, char** argv) {
   if (argc > 1 && std::string_view(argv[1]) == "--sandbox-host") {
     return runtime::runSandboxHost(3, argc, argv);
   }
+  // SIGHUP asks a running daemon to reload; until the daemon's own handler is in place (once the
+  // store is open and the server listens), one would end the process. Ignored until then; the
+  // handler replaces this (sandbox hosts start with every signal at its default).
+  std::signal(SIGHUP, SIG_IGN);
   CLI::App app{"toolhostd: hosts the tools AI agents call, over JSON-RPC 2.0 on a Unix socket"};
   daemon::CommandLine commandLine;
   std::string socket, stateDir, configFile, logLevel, logFormat;

@@ -351,6 +351,12 @@ TEST_CASE("toolhostctl prints JSON with exit codes a script can rely on", "[e2e]
 
   auto usage = runProgram({ctl, "--socket", socket, "frobnicate"});
   CHECK(usage.status == 2);
+  for (const char* timeout : {"nan", "1e300", "-1", "inf"}) {
+    INFO(timeout);
+    auto badTimeout = runProgram({ctl, "--socket", socket, "--timeout", timeout, "ping"});
+    CHECK(badTimeout.status == 2);
+    CHECK_THAT(badTimeout.err, Catch::Contains("--timeout must be a number of seconds"));
+  }
 
   auto nobody = runProgram({ctl, "--socket", daemon->dir().string() + "/missing", "ping"});
   CHECK(nobody.status == 3);

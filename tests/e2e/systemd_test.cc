@@ -570,6 +570,23 @@ TEST_CASE("the watchdog ping comes from the event loop: a wedged loop stops it",
   CHECK(statusCalls > 0);
 }
 
+TEST_CASE("a SIGHUP while the daemon starts is ignored, not fatal", "[systemd][reload]") {
+  TempDir dir;
+  auto socket = dir.path() / "s";
+  Child daemon({daemonBinary().string(), "--socket", socket.string(), "--state-dir",
+                (dir.path() / "state").string(), "--log-format", "text"},
+               {}, dir.path() / "log");
+  // Its first line comes before the reload handler is in place (the store opens first).
+  REQUIRE(eventually([&] { return daemon.log().find("store: opened") != std::string::npos; }));
+  daemon.signal(SIGHUP);
+  REQUIRE(eventually([&] { return fs::exists(socket) || !daemon.running(); }));
+  INFO(daemon.log());
+  CHECK(daemon.running());
+  RawClient client(socket);
+  CHECK(client.call("ping").contains("result"));
+  CHECK(daemon.stop() == 0);
+}
+
 TEST_CASE(
     "SIGHUP reloads access rules, limits and log level, names restart-only settings, "
     "and keeps the config in force when the new one is bad",

@@ -62,27 +62,20 @@ constexpr const char* doorName(Door door) {
   return "ctx";
 }
 
-bool subtasksRequested(const registry::ToolRevision& tool) {
-  const auto* capabilities = tool.manifest.if_contains("capabilities");
-  if (capabilities == nullptr || !capabilities->is_object()) return false;
-  const auto* subtasks = capabilities->as_object().if_contains("subtasks");
-  return subtasks != nullptr && subtasks->is_bool() && subtasks->as_bool();
-}
-
 void reject(v8::Local<v8::Context> context, v8::Local<v8::Promise::Resolver> resolver,
             std::string_view message, std::string_view code, bool typeError = false) {
   resolver->Reject(context, makeHostError(context, message, code, typeError)).FromMaybe(false);
 }
 
 // The host's answer to resolveInvocation, reduced to the opaque revisions.
-HostOpResult resolveInvocationOnHost(CapabilityHost& host, const registry::ToolRevision& tool,
-                                     const std::string& name) {
-  auto resolved = host.resolveInvocation(tool, name);
-  if (!resolved) return HostOpFailure{"failed", resolved.error()};
+HostOpResult opaqueRevisions(HostOpResult resolved, const std::string& name) {
+  if (!resolved) return resolved;
   json::object out;
-  for (const char* key : {"toolRevision", "settingsRevision"}) {
-    if (const auto* value = resolved->if_contains(key); value != nullptr && value->is_string()) {
-      out[key] = *value;
+  if (const auto* object = resolved->if_object()) {
+    for (const char* key : {"toolRevision", "settingsRevision"}) {
+      if (const auto* value = object->if_contains(key); value != nullptr && value->is_string()) {
+        out[key] = *value;
+      }
     }
   }
   if (!out.contains("toolRevision")) {
@@ -90,6 +83,29 @@ HostOpResult resolveInvocationOnHost(CapabilityHost& host, const registry::ToolR
   }
   return json::value(std::move(out));
 }
+
+HostOpResult subtasksArray(HostOpResult tasks) {
+  if (tasks && !tasks->is_array()) {
+    return HostOpFailure{"failed", "the daemon's answer was not an array of tasks"};
+  }
+  return tasks;
+}
+
+// An operation whose result goes through `map` before it reaches `inner`.
+class MappedOperation final : public HostOperation {
+ public:
+  MappedOperation(std::shared_ptr<HostOperation> inner,
+                  std::function<HostOpResult(HostOpResult)> map)
+      : inner_(std::move(inner)), map_(std::move(map)) {}
+  void complete(HostOpResult result) override { inner_->complete(map_(std::move(result))); }
+  void pauseWallClock() override { inner_->pauseWallClock(); }
+  void resumeWallClock() override { inner_->resumeWallClock(); }
+  void onAbort(std::function<void()> abort) override { inner_->onAbort(std::move(abort)); }
+
+ private:
+  const std::shared_ptr<HostOperation> inner_;
+  const std::function<HostOpResult(HostOpResult)> map_;
+};
 
 // What an operation door hands to CapabilityHost::startOperation.
 struct OperationRequest {
@@ -300,8 +316,13 @@ void onDoor(const DoorArgs& info, v8::Local<v8::Value> epoch) {
       }
       std::string name = toUtf8(isolate, info[0].As<v8::String>());
       requestBytes = name.size();
-      start = [host, tool, name](std::shared_ptr<HostOperation> operation) {
-        operation->complete(resolveInvocationOnHost(*host, *tool, name));
+      start = [host, tool, name,
+               invocation = call->invocation](std::shared_ptr<HostOperation> operation) {
+        host->startQuickRequest(
+            *tool, invocation, std::string(kResolveInvocation), json::object{{"name", name}},
+            std::make_shared<MappedOperation>(std::move(operation), [name](HostOpResult result) {
+              return opaqueRevisions(std::move(result), name);
+            }));
       };
     } else {
       auto drafts =
@@ -315,13 +336,11 @@ void onDoor(const DoorArgs& info, v8::Local<v8::Value> epoch) {
       }
       requestBytes = jsonTextSize(*drafts);
       start = [host, tool, drafts = std::move(*drafts),
-               invocation = call->invocation](std::shared_ptr<HostOperation> operation) {
-        auto tasks = host->createSubtasks(*tool, drafts, invocation);
-        if (!tasks) {
-          operation->complete(HostOpFailure{"failed", tasks.error()});
-        } else {
-          operation->complete(json::value(std::move(*tasks)));
-        }
+               invocation = call->invocation](std::shared_ptr<HostOperation> operation) mutable {
+        host->startQuickRequest(
+            *tool, invocation, std::string(kCreateSubtasks),
+            json::object{{"drafts", std::move(drafts)}},
+            std::make_shared<MappedOperation>(std::move(operation), &subtasksArray));
       };
     }
   } else {
@@ -513,6 +532,43 @@ v8::Local<v8::Value> orEmpty(v8::MaybeLocal<v8::Function> function) {
 }
 
 }  // namespace
+
+bool subtasksRequested(const registry::ToolRevision& tool) {
+  const auto* capabilities = tool.manifest.if_contains("capabilities");
+  if (capabilities == nullptr || !capabilities->is_object()) return false;
+  const auto* subtasks = capabilities->as_object().if_contains("subtasks");
+  return subtasks != nullptr && subtasks->is_bool() && subtasks->as_bool();
+}
+
+void CapabilityHost::startQuickRequest(const registry::ToolRevision& caller,
+                                       const json::object& invocation, const std::string& kind,
+                                       json::value request,
+                                       std::shared_ptr<HostOperation> operation) {
+  if (!subtasksRequested(caller)) {
+    operation->complete(HostOpFailure{
+        "not-authorized", kind + " needs capabilities.subtasks in the tool's manifest"});
+    return;
+  }
+  const json::object* fields = request.if_object();
+  if (kind == kResolveInvocation && fields != nullptr && fields->contains("name") &&
+      fields->at("name").is_string()) {
+    auto resolved = resolveInvocation(caller, std::string(fields->at("name").get_string()));
+    if (!resolved) {
+      operation->complete(HostOpFailure{"failed", resolved.error()});
+    } else {
+      operation->complete(json::value(std::move(*resolved)));
+    }
+  } else if (kind == kCreateSubtasks && fields != nullptr && fields->contains("drafts")) {
+    auto tasks = createSubtasks(caller, fields->at("drafts"), invocation);
+    if (!tasks) {
+      operation->complete(HostOpFailure{"failed", tasks.error()});
+    } else {
+      operation->complete(json::value(std::move(*tasks)));
+    }
+  } else {
+    operation->complete(HostOpFailure{"invalid-argument", "a malformed " + kind + " request"});
+  }
+}
 
 bool installGlobals(v8::Local<v8::Context> context, Prelude& prelude) {
   v8::Isolate* isolate = context->GetIsolate();

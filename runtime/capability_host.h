@@ -2,8 +2,11 @@
 // task store, policy engine, HTTPS client, popup hosts, storage, secrets).
 //
 // Two kinds of requests:
-//  - quick ones (resolveInvocation, createSubtasks): called on a V8 worker thread, never while an
-//    isolate is locked, possibly from several workers at once; thread-safe and short (LMDB reads).
+//  - quick ones (resolveInvocation, createSubtasks): started with startQuickRequest, whose default
+//    calls the blocking forms on a V8 worker thread, never while an isolate is locked, possibly
+//    from several workers at once; thread-safe and short (LMDB reads, though a long lineage takes
+//    seconds). The sandbox host forwards them to the daemon instead, so that its V8 worker is
+//    free meanwhile; the daemon answers them on a thread of its own.
 //  - operations (fetch, popup, and later storage and secrets): startOperation() returns at once;
 //    the host finishes the operation whenever it is done, from any thread, through the
 //    HostOperation it was given. The call waits for every operation it started.
@@ -22,6 +25,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 
 namespace toolhost::runtime {
 
@@ -62,6 +66,14 @@ class HostOperation {
   virtual void onAbort(std::function<void()> abort) = 0;
 };
 
+// The kinds of quick requests (CapabilityHost::startQuickRequest), as operations between a
+// sandbox host and the daemon.
+inline constexpr std::string_view kResolveInvocation = "resolveInvocation";
+inline constexpr std::string_view kCreateSubtasks = "createSubtasks";
+
+// Whether the tool's manifest requests capabilities.subtasks (the quick requests need it).
+bool subtasksRequested(const registry::ToolRevision& tool);
+
 class CapabilityHost {
  public:
   virtual ~CapabilityHost() = default;
@@ -75,6 +87,16 @@ class CapabilityHost {
   virtual boost::system::result<boost::json::array, std::string> createSubtasks(
       const registry::ToolRevision& caller, const boost::json::value& drafts,
       const boost::json::object& invocation) = 0;
+
+  // A quick request without waiting for it: kind kResolveInvocation with request {name}, or
+  // kCreateSubtasks with request {drafts}; `operation` completes with resolveInvocation's object
+  // or createSubtasks' array (or the error sentence, as code "failed"), now or later, from any
+  // thread. The default answers at once through the blocking forms above. Refuses (code
+  // "not-authorized") a caller whose manifest does not request capabilities.subtasks.
+  virtual void startQuickRequest(const registry::ToolRevision& caller,
+                                 const boost::json::object& invocation, const std::string& kind,
+                                 boost::json::value request,
+                                 std::shared_ptr<HostOperation> operation);
 
   // Starts an operation `kind` ("fetch", "popup", "storage", "secret") with `request` (plain
   // JSON built by the runtime; its shape per kind, and the reply each expects, are documented in

@@ -57,7 +57,6 @@ struct RuntimeConfig {
   unsigned maxRestarts = 5;                   // unexpected ends of one process within ...
   std::int64_t restartWindowMs = 10000;       // ... this window, after which its calls fail fast
                                               // until the oldest of them leaves the window
-  std::int64_t hostRequestTimeoutMs = 10000;  // a quick request's wait for the daemon's answer
   CallLimits defaults{60000, 30000, 64, 64, 984, 2 * kMiB};      // when the manifest says nothing
   CallLimits caps{600000, 600000, 1024, 1024, 4096, 64 * kMiB};  // the most any call may get
 };

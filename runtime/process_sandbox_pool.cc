@@ -252,11 +252,6 @@ struct Process : std::enable_shared_from_this<Process> {
   };
   std::unordered_map<std::string, KnownSandbox> sandboxes;
   std::uint64_t sandboxReports = 0;
-  // Quick requests (resolveInvocation, createSubtasks) taken and not yet answered. An honest host
-  // has at most one per V8 worker (each waits for its answer); past kMaxQuickRequests it is
-  // breaking the protocol, and the daemon's queue of them must not grow with it.
-  std::size_t quickRequests = 0;
-  static constexpr std::size_t kMaxQuickRequests = 256;
   void applySandboxChanges(const json::object& changes);
   // The row of `tool`'s sandbox from a result's `own` (OwnRow), added or updated.
   void applyOwnRow(const registry::ToolRevision& tool, const json::object& row);
@@ -897,28 +892,6 @@ const CallError kKilledForAnother{
     "killed; this call's sandbox is gone (calling again starts a new one)",
     {}};
 
-// Counts a quick request of `process` as taken (under its mutex); past the bound, the host is
-// breaking the protocol.
-void takeQuickRequestLocked(Process& process) {
-  if (process.quickRequests >= Process::kMaxQuickRequests) {
-    throw ipc::ProtocolError("more than " + std::to_string(Process::kMaxQuickRequests) +
-                             " quick requests unanswered");
-  }
-  ++process.quickRequests;
-}
-
-// Counts a quick request as answered when it goes out of scope.
-struct QuickRequestDone {
-  explicit QuickRequestDone(Process& counted) : process(counted) {}
-  Process& process;
-  QuickRequestDone(const QuickRequestDone&) = delete;
-  QuickRequestDone& operator=(const QuickRequestDone&) = delete;
-  ~QuickRequestDone() {
-    std::lock_guard lock(process.mutex);
-    if (process.quickRequests > 0) --process.quickRequests;
-  }
-};
-
 }  // namespace
 
 void ProcessSandboxPool::Impl::handle(const std::shared_ptr<Process>& process,
@@ -988,75 +961,6 @@ void ProcessSandboxPool::Impl::handle(const std::shared_ptr<Process>& process,
         "a call of " + names + " did not stop within " + std::to_string(config.killGraceMs) +
             " ms of being told to (a builtin that ignores termination); killed",
         false);
-  } else if (type == "resolveInvocation") {
-    const auto rid = ipc::uintField(message, "rid");
-    const auto revision = ipc::stringField(message, "revision");
-    const auto name = ipc::stringField(message, "name");
-    registry::ToolRevisionPtr tool;
-    {
-      std::lock_guard lock(process->mutex);
-      for (const auto& [id, call] : process->calls) {
-        if (call.tool->revision == revision) tool = call.tool;
-      }
-      if (tool) takeQuickRequestLocked(*process);
-    }
-    if (!tool) {
-      process->channel->send(
-          json::object{{"t", "reply"}, {"rid", rid}, {"error", "the call has ended"}});
-      return;
-    }
-    asio::post(quickRequestThreads, [self = shared_from_this(), process, rid, tool, name] {
-      QuickRequestDone done(*process);
-      json::object reply{{"t", "reply"}, {"rid", rid}};
-      try {
-        auto answer = self->host.resolveInvocation(*tool, name);
-        if (answer) {
-          reply["ok"] = std::move(*answer);
-        } else {
-          reply["error"] = answer.error();
-        }
-      } catch (const std::exception& e) {
-        spdlog::error("runtime: resolveInvocation for {} threw: {}", tool->name, e.what());
-        reply["error"] = "the daemon failed to answer";
-      }
-      process->channel->send(reply);
-    });
-  } else if (type == "createSubtasks") {
-    const auto rid = ipc::uintField(message, "rid");
-    registry::ToolRevisionPtr tool;
-    json::object invocation;
-    {
-      std::lock_guard lock(process->mutex);
-      auto found = process->calls.find(ipc::uintField(message, "call"));
-      if (found != process->calls.end()) {
-        tool = found->second.tool;
-        invocation = found->second.invocation;
-        takeQuickRequestLocked(*process);
-      }
-    }
-    if (!tool) {
-      process->channel->send(
-          json::object{{"t", "reply"}, {"rid", rid}, {"error", "the call has ended"}});
-      return;
-    }
-    asio::post(quickRequestThreads,
-               [self = shared_from_this(), process, rid, tool,
-                drafts = ipc::field(message, "drafts"), invocation = std::move(invocation)] {
-                 QuickRequestDone done(*process);
-                 json::object reply{{"t", "reply"}, {"rid", rid}};
-                 try {
-                   auto answer = self->host.createSubtasks(*tool, drafts, invocation);
-                   if (answer) {
-                     reply["ok"] = std::move(*answer);
-                   } else {
-                     reply["error"] = answer.error();
-                   }
-                 } catch (const std::exception& e) {
-                   spdlog::error("runtime: createSubtasks for {} threw: {}", tool->name, e.what());
-                   reply["error"] = "the daemon failed to answer";
-                 }
-                 process->channel->send(reply);
-               });
   } else if (type == "opStart") {
     const auto op = ipc::uintField(message, "op");
     const auto callId = ipc::uintField(message, "call");
@@ -1090,17 +994,26 @@ void ProcessSandboxPool::Impl::handle(const std::shared_ptr<Process>& process,
           json::object{{"t", "opComplete"}, {"op", op}, {"error", std::move(failure)}});
       return;
     }
-    asio::post(hostThreads, [self = shared_from_this(), tool, proxy,
-                             invocation = std::move(invocation),
-                             kind = ipc::stringField(message, "kind"),
-                             request = ipc::field(message, "request")]() mutable {
-      try {
-        self->host.startOperation(*tool, invocation, kind, std::move(request), proxy);
-      } catch (const std::exception& e) {
-        spdlog::error("runtime: starting a host operation of {} threw: {}", tool->name, e.what());
-        proxy->complete(HostOpFailure{"failed", "the host failed to start the operation"});
-      }
-    });
+    // Quick requests read task lineages, seconds for a long one: on their own thread, so that
+    // they never delay other tools' operations and aborts.
+    std::string kind = ipc::stringField(message, "kind");
+    const bool quick = kind == kResolveInvocation || kind == kCreateSubtasks;
+    asio::post(
+        quick ? quickRequestThreads.get_executor() : hostThreads.get_executor(),
+        [self = shared_from_this(), tool, proxy, quick, invocation = std::move(invocation),
+         kind = std::move(kind), request = ipc::field(message, "request")]() mutable {
+          try {
+            if (quick) {
+              self->host.startQuickRequest(*tool, invocation, kind, std::move(request), proxy);
+            } else {
+              self->host.startOperation(*tool, invocation, kind, std::move(request), proxy);
+            }
+          } catch (const std::exception& e) {
+            spdlog::error("runtime: starting a host operation of {} threw: {}", tool->name,
+                          e.what());
+            proxy->complete(HostOpFailure{"failed", "the host failed to start the operation"});
+          }
+        });
   } else if (type == "opAbort") {
     std::shared_ptr<OperationProxy> proxy;
     {

@@ -71,39 +71,28 @@ std::pair<json::object, std::uint64_t> splitInvocation(const json::object& invoc
   return {std::move(forwarded), call};
 }
 
-// A quick request's answer. (json::value converts from a string, so both sides are explicit.)
-using Answer = boost::system::result<json::value, std::string>;
-Answer answered(json::value value) {
-  return Answer(boost::system::in_place_value, std::move(value));
-}
-Answer refused(std::string why) { return Answer(boost::system::in_place_error, std::move(why)); }
-
 // The CapabilityHost of the host's SandboxPool: every request goes to the daemon.
 class ForwardingHost final : public CapabilityHost {
  public:
-  ForwardingHost(std::shared_ptr<MessageChannel> channel, std::chrono::milliseconds timeout)
-      : channel_(std::move(channel)), timeout_(timeout) {}
+  explicit ForwardingHost(std::shared_ptr<MessageChannel> channel) : channel_(std::move(channel)) {}
 
-  boost::system::result<json::object, std::string> resolveInvocation(
-      const registry::ToolRevision& caller, const std::string& name) override {
-    auto answer = request(
-        json::object{{"t", "resolveInvocation"}, {"revision", caller.revision}, {"name", name}});
-    if (!answer) return answer.error();
-    if (!answer->is_object()) return std::string("the daemon's answer was not an object");
-    return std::move(answer->as_object());
+  // Quick requests travel as operations (startQuickRequest); these blocking forms are never used.
+  boost::system::result<json::object, std::string> resolveInvocation(const registry::ToolRevision&,
+                                                                     const std::string&) override {
+    return std::string("the sandbox host asks the daemon without waiting");
+  }
+  boost::system::result<json::array, std::string> createSubtasks(const registry::ToolRevision&,
+                                                                 const json::value&,
+                                                                 const json::object&) override {
+    return std::string("the sandbox host asks the daemon without waiting");
   }
 
-  boost::system::result<json::array, std::string> createSubtasks(
-      const registry::ToolRevision&, const json::value& drafts,
-      const json::object& invocation) override {
-    auto [forwarded, call] = splitInvocation(invocation);
-    auto answer = request(json::object{{"t", "createSubtasks"},
-                                       {"call", call},
-                                       {"drafts", drafts},
-                                       {"invocation", std::move(forwarded)}});
-    if (!answer) return answer.error();
-    if (!answer->is_array()) return std::string("the daemon's answer was not an array");
-    return std::move(answer->as_array());
+  // As an operation: the daemon answers it on a thread of its own while this V8 worker serves
+  // other calls.
+  void startQuickRequest(const registry::ToolRevision& caller, const json::object& invocation,
+                         const std::string& kind, json::value request,
+                         std::shared_ptr<HostOperation> operation) override {
+    startOperation(caller, invocation, kind, std::move(request), std::move(operation));
   }
 
   void startOperation(const registry::ToolRevision&, const json::object& invocation,
@@ -133,23 +122,6 @@ class ForwardingHost final : public CapabilityHost {
 
   // --- From the daemon, on the channel's strand. ---
 
-  void reply(const json::object& message) {
-    const std::uint64_t rid = ipc::uintField(message, "rid");
-    std::shared_ptr<Waiter> waiter;
-    {
-      std::lock_guard lock(mutex_);
-      auto found = waiters_.find(rid);
-      if (found == waiters_.end()) return;  // timed out meanwhile
-      waiter = found->second;
-      waiters_.erase(found);
-    }
-    if (const auto* error = message.if_contains("error")) {
-      settle(*waiter, refused(error->is_string() ? std::string(error->get_string()) : "failed"));
-    } else {
-      settle(*waiter, answered(ipc::field(message, "ok")));
-    }
-  }
-
   void complete(const json::object& message) {
     auto operation = take(ipc::uintField(message, "op"));
     if (!operation) return;  // aborted meanwhile
@@ -177,60 +149,20 @@ class ForwardingHost final : public CapabilityHost {
     }
   }
 
-  // The daemon is gone: every wait ends, every operation fails.
+  // The daemon is gone: every operation fails.
   void close() {
-    std::map<std::uint64_t, std::shared_ptr<Waiter>> waiters;
     std::map<std::uint64_t, std::shared_ptr<HostOperation>> operations;
     {
       std::lock_guard lock(mutex_);
       closed_ = true;
-      waiters.swap(waiters_);
       operations.swap(operations_);
     }
-    for (auto& [rid, waiter] : waiters)
-      settle(*waiter, refused("the sandbox host lost the daemon"));
     for (auto& [op, operation] : operations) {
       operation->complete(HostOpFailure{"failed", "the sandbox host lost the daemon"});
     }
   }
 
  private:
-  struct Waiter {
-    std::mutex mutex;
-    std::condition_variable answered;
-    std::optional<Answer> answer;
-  };
-
-  static void settle(Waiter& waiter, Answer answer) {
-    {
-      std::lock_guard lock(waiter.mutex);
-      waiter.answer = std::move(answer);
-    }
-    waiter.answered.notify_all();
-  }
-
-  // A quick request: blocks this V8 worker thread until the daemon answers.
-  Answer request(json::object message) {
-    const std::uint64_t rid = nextId_.fetch_add(1);
-    auto waiter = std::make_shared<Waiter>();
-    {
-      std::lock_guard lock(mutex_);
-      if (closed_) return refused("the sandbox host lost the daemon");
-      waiters_[rid] = waiter;
-    }
-    message["rid"] = rid;
-    channel_->send(message);
-    std::unique_lock lock(waiter->mutex);
-    if (!waiter->answered.wait_for(lock, timeout_, [&] { return waiter->answer.has_value(); })) {
-      lock.unlock();
-      std::lock_guard guard(mutex_);
-      waiters_.erase(rid);
-      return refused("the daemon did not answer within " + std::to_string(timeout_.count()) +
-                     " ms");
-    }
-    return std::move(*waiter->answer);
-  }
-
   std::shared_ptr<HostOperation> take(std::uint64_t op) {
     std::lock_guard lock(mutex_);
     auto found = operations_.find(op);
@@ -241,11 +173,9 @@ class ForwardingHost final : public CapabilityHost {
   }
 
   const std::shared_ptr<MessageChannel> channel_;
-  const std::chrono::milliseconds timeout_;
   std::atomic<std::uint64_t> nextId_{1};
   std::mutex mutex_;
   bool closed_ = false;
-  std::map<std::uint64_t, std::shared_ptr<Waiter>> waiters_;            // by rid
   std::map<std::uint64_t, std::shared_ptr<HostOperation>> operations_;  // by op
 };
 
@@ -291,8 +221,6 @@ class HostSide {
         if (found != calls_.end()) cancel = found->second;
       }
       if (cancel) cancel();
-    } else if (type == "reply") {
-      host_->reply(message);
     } else if (type == "opComplete") {
       host_->complete(message);
     } else if (type == "opPause" || type == "opResume") {
@@ -326,9 +254,7 @@ class HostSide {
     grace_ = std::chrono::milliseconds(std::max<std::int64_t>(config.killGraceMs, 1));
     poll_ = std::clamp<std::chrono::milliseconds>(grace_ / 4, std::chrono::milliseconds(10),
                                                   std::chrono::milliseconds(250));
-    host_ = std::make_unique<ForwardingHost>(
-        channel_,
-        std::chrono::milliseconds(std::max<std::int64_t>(config.hostRequestTimeoutMs, 1)));
+    host_ = std::make_unique<ForwardingHost>(channel_);
     platform_ = std::make_unique<V8Platform>(0, config.jit);
     pool_ = std::make_unique<SandboxPool>(config, *host_);
     pool_->onLateChange([this] { asio::post(io_, [this] { sendSandboxes(); }); });

@@ -8,10 +8,10 @@
 // dumps, makes itself the OOM killer's first choice (oom_score_adj 1000: the daemon shares its
 // cgroup), reads its RuntimeConfig from the hello, then serves the daemon's requests
 // (runtime/sandbox_protocol.h) with an in-process SandboxPool whose CapabilityHost forwards every
-// request over `fd`: quick requests block the V8 worker thread until the daemon answers (at most
-// hostRequestTimeoutMs), operations are started in the daemon and completed, paused and resumed
-// from there. Calls run concurrently, each with a cancellation signal of its own. It logs to
-// stderr (the daemon's, inherited) with a "sandbox-host[pid]" prefix.
+// request over `fd` as an operation (quick requests too, so that no V8 worker thread waits for
+// the daemon): started in the daemon and completed, paused and resumed from there. Calls run
+// concurrently, each with a cancellation signal of its own. It logs to stderr (the daemon's,
+// inherited) with a "sandbox-host[pid]" prefix.
 #pragma once
 
 namespace toolhost::runtime {

@@ -112,7 +112,6 @@ json::object configToJson(const RuntimeConfig& config) {
       {"killGraceMs", config.killGraceMs},
       {"maxRestarts", config.maxRestarts},
       {"restartWindowMs", config.restartWindowMs},
-      {"hostRequestTimeoutMs", config.hostRequestTimeoutMs},
   };
 }
 
@@ -136,7 +135,6 @@ RuntimeConfig configFromJson(const json::object& json) {
   out.killGraceMs = number<std::int64_t>(json, "killGraceMs");
   out.maxRestarts = number<unsigned>(json, "maxRestarts");
   out.restartWindowMs = number<std::int64_t>(json, "restartWindowMs");
-  out.hostRequestTimeoutMs = number<std::int64_t>(json, "hostRequestTimeoutMs");
   return out;
 }
 

@@ -129,13 +129,18 @@ boost::system::result<json::object, ClientError> Client::call(const std::string&
 
 namespace {
 
-// terminalSafe, writing C0 controls and DEL as \xNN, or (`json`) as the JSON escape \u00NN.
+// terminalSafe, writing C0 controls and DEL as \xNN; or (`json`) for JSON text, DEL as \u007f
+// and C0 controls as they are: in JSON text they are only its layout (strings hold them escaped).
 std::string escapeForTerminal(std::string_view text, bool json) {
   static constexpr char kHex[] = "0123456789abcdef";
   std::string out;
   out.reserve(text.size());
   for (std::size_t i = 0; i < text.size(); ++i) {
     const auto byte = static_cast<unsigned char>(text[i]);
+    if (json && byte < 0x20) {
+      out += text[i];
+      continue;
+    }
     if (byte < 0x20 || byte == 0x7f) {
       out += json ? "\\u00" : "\\x";
       out += kHex[byte >> 4];

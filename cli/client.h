@@ -64,8 +64,9 @@ std::string errorDetail(const boost::json::object& response);
 // overrides that reorder what is shown are written as \xNN or \uNNNN, so text a tool or a
 // remote server chose cannot move the cursor, erase a line or disguise itself in a prompt.
 std::string terminalSafe(std::string_view text);
-// The same for JSON text: those characters (which JSON text holds only inside strings) become
-// \u escapes, so the text stays JSON with the same meaning.
+// The same for JSON text (compact or indented): DEL, C1 controls and those overrides (which JSON
+// text holds only inside strings) become \u escapes, so the text stays JSON with the same
+// meaning; its layout (newlines, spaces) is kept.
 std::string terminalSafeJson(std::string_view jsonText);
 
 // Calls `method` (a subscription: policy.subscribe, popup.subscribe) and answers its result

@@ -373,6 +373,13 @@ TEST_CASE("toolhostctl prints JSON with exit codes a script can rely on", "[e2e]
   CHECK(escaped.out.find('\x7f') == std::string::npos);
   CHECK_THAT(escaped.out, Catch::Contains(R"(A\u009b31mRED\u202eXYZ\u007f)"));
   CHECK(parse(escaped.out).at("result").at("text") == json::value(sneaky));
+  // Indented output (a terminal's default) keeps its layout and stays JSON.
+  auto pretty = runProgram(
+      {ctl, "--socket", socket, "--pretty", "call", "echo", R"({"text":")" + sneaky + R"("})"});
+  CHECK(pretty.status == 0);
+  CHECK_THAT(pretty.out, Catch::StartsWith("{\n  \""));
+  CHECK(pretty.out.find("\xc2\x9b") == std::string::npos);
+  CHECK(parse(pretty.out).at("result").at("text") == json::value(sneaky));
 }
 
 TEST_CASE("a peer without an access rule gets one error naming its uid", "[e2e][daemon][peers]") {

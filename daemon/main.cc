@@ -89,20 +89,13 @@ int run(const daemon::Config& config, const daemon::CommandLine& commandLine) {
   daemon::ConfigHolder configs(config);
 
   // A state directory another user controls would let them plant the database and the secrets
-  // key, or read them.
-  if (auto reason = protocol::untrustedPathReason(config.stateDir)) {
-    spdlog::critical("refusing the state directory {}: {}", config.stateDir.string(), *reason);
+  // key, or read them. Directories made here are private; one that exists keeps its mode (it may
+  // be shared, such as /var/lib): what the daemon keeps in it is private anyway (db/ is 0700,
+  // its files 0600).
+  if (auto made = protocol::makeTrustedDirectories(config.stateDir, 0700); !made) {
+    spdlog::critical("refusing the state directory {}: {}", config.stateDir.string(), made.error());
     return 1;
   }
-  std::error_code ec;
-  const bool created = std::filesystem::create_directories(config.stateDir, ec);
-  if (ec) {
-    spdlog::critical("cannot create the state directory {}: {}", config.stateDir.string(), ec.message());
-    return 1;
-  }
-  // A directory made here is private; one that exists keeps its mode (it may be shared, such as
-  // /var/lib): what the daemon keeps in it is private anyway (db/ is 0700, its files 0600).
-  if (created) ::chmod(config.stateDir.c_str(), 0700);
 
   // No V8 in this process: JavaScript runs in the sandbox host processes (runtime/sandbox_host.h).
   // Those inherit what this process may do with memory: V8's JIT must be able to make the pages

@@ -76,26 +76,15 @@ boost::system::result<void, ServerError> Server::listen() {
   }
   fs::path parent = path.parent_path();
   // A directory another user controls (say /tmp/toolhost-<uid> made by them first) would let
-  // them put their own socket in place of ours and read what clients send.
-  if (auto reason = protocol::untrustedPathReason(parent.empty() ? fs::path(".") : parent)) {
-    return ServerError{"refusing to listen at " + path.string() + ": " + *reason};
-  }
-  if (!parent.empty() && !fs::exists(parent)) {
-    std::error_code ec;
-    fs::create_directories(parent, ec);
-    if (ec) return ServerError{"cannot create " + parent.string() + ": " + ec.message()};
-    // Only the owner (and the socket's group, if configured) may reach the socket.
-    ::chmod(parent.c_str(), config.socketGroup ? 0710 : 0700);
-    if (config.socketGroup) {
-      if (::chown(parent.c_str(), static_cast<uid_t>(-1), *config.socketGroup) != 0) {
-        return ServerError{"cannot give " + parent.string() + " to the socket group: " +
-                           errnoText(errno)};
-      }
-    }
-  } else if (config.socketGroup) {
+  // them put their own socket in place of ours and read what clients send. Directories made here
+  // let only the owner (and the socket's group, if configured) reach the socket.
+  const fs::path shown = parent.empty() ? fs::path(".") : parent;
+  auto made =
+      protocol::makeTrustedDirectories(shown, config.socketGroup ? 0710 : 0700, config.socketGroup);
+  if (!made) return ServerError{"refusing to listen at " + path.string() + ": " + made.error()};
+  if (!*made && config.socketGroup) {
     // A directory that was there already keeps its mode: say so when the group cannot pass it.
     struct stat dir {};
-    const fs::path shown = parent.empty() ? fs::path(".") : parent;
     if (::stat(shown.c_str(), &dir) == 0 && (dir.st_mode & S_IXOTH) == 0 &&
         !(dir.st_gid == *config.socketGroup && (dir.st_mode & S_IXGRP) != 0)) {
       spdlog::warn(

@@ -1,10 +1,13 @@
 #include "protocol/path_trust.h"
 
+#include <grp.h>
+#include <pwd.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
+#include <vector>
 
 namespace toolhost::protocol {
 namespace fs = std::filesystem;
@@ -17,8 +20,33 @@ std::string modeText(mode_t mode) {
   return text;
 }
 
-// Why the components of the absolute, normal `path` cannot be trusted; stops at the first that
-// does not exist.
+// Whether `gid` is the effective user's own private group: the user's primary group, named
+// after the user, with no other members listed (the user private groups Debian makes), so that
+// a directory writable by it (umask 002) is writable by nobody else.
+bool ownPrivateGroup(gid_t gid) {
+  if (gid != ::getegid()) return false;
+  std::vector<char> buffer(16384);
+  passwd user{};
+  passwd* foundUser = nullptr;
+  if (::getpwuid_r(::geteuid(), &user, buffer.data(), buffer.size(), &foundUser) != 0 ||
+      foundUser == nullptr) {
+    return false;
+  }
+  const std::string name = user.pw_name;
+  group entry{};
+  group* foundGroup = nullptr;
+  if (::getgrgid_r(gid, &entry, buffer.data(), buffer.size(), &foundGroup) != 0 ||
+      foundGroup == nullptr || name != entry.gr_name) {
+    return false;
+  }
+  for (char** member = entry.gr_mem; member != nullptr && *member != nullptr; ++member) {
+    if (name != *member) return false;
+  }
+  return true;
+}
+
+// Why the components of the absolute `path` cannot be trusted; stops at the first that does not
+// exist. Each prefix is looked up as written, so "link/.." is judged where the link leads.
 std::optional<std::string> judge(const fs::path& path) {
   const uid_t self = ::geteuid();
   fs::path prefix;
@@ -33,8 +61,9 @@ std::optional<std::string> judge(const fs::path& path) {
       return prefix.string() + " belongs to uid " + std::to_string(st.st_uid) +
              ", another user, who could replace what is under it";
     }
-    if (S_ISDIR(st.st_mode) && (st.st_mode & (S_IWGRP | S_IWOTH)) != 0 &&
-        (st.st_mode & S_ISVTX) == 0) {
+    if (S_ISDIR(st.st_mode) && (st.st_mode & S_ISVTX) == 0 &&
+        ((st.st_mode & S_IWOTH) != 0 ||
+         ((st.st_mode & S_IWGRP) != 0 && !ownPrivateGroup(st.st_gid)))) {
       return prefix.string() + " may be written by other users (mode " + modeText(st.st_mode) +
              ") and has no sticky bit, so they could replace what is in it";
     }
@@ -46,7 +75,7 @@ std::optional<std::string> judge(const fs::path& path) {
 
 std::optional<std::string> untrustedPathReason(const fs::path& path) {
   std::error_code ec;
-  const fs::path absolute = fs::absolute(path, ec).lexically_normal();
+  const fs::path absolute = fs::absolute(path, ec);
   if (ec) return "cannot make " + path.string() + " absolute: " + ec.message();
   if (auto reason = judge(absolute)) return reason;
   // Through the symbolic links (each one already judged above): where they lead must hold too.
@@ -54,6 +83,36 @@ std::optional<std::string> untrustedPathReason(const fs::path& path) {
   if (ec) return "cannot resolve " + absolute.string() + ": " + ec.message();
   if (resolved != absolute) return judge(resolved);
   return std::nullopt;
+}
+
+boost::system::result<bool, std::string> makeTrustedDirectories(const fs::path& dir, mode_t mode,
+                                                                std::optional<gid_t> group) {
+  if (auto reason = untrustedPathReason(dir)) return *reason;
+  std::error_code ec;
+  const fs::path absolute = fs::absolute(dir, ec);
+  if (ec) return "cannot make " + dir.string() + " absolute: " + ec.message();
+  bool created = false;
+  fs::path prefix;
+  for (const auto& part : absolute) {
+    prefix /= part;
+    if (part.empty() || part == "." || part == "..") continue;
+    if (::mkdir(prefix.c_str(), 0700) != 0) {
+      if (errno == EEXIST) continue;  // there before, or made meanwhile: judged below
+      return "cannot create " + prefix.string() + ": " + std::strerror(errno);
+    }
+    created = true;
+    // The mode whatever the umask, and the group before anyone of it could need it.
+    if (group && ::chown(prefix.c_str(), static_cast<uid_t>(-1), *group) != 0) {
+      return "cannot give " + prefix.string() + " to its group: " + std::strerror(errno);
+    }
+    if (::chmod(prefix.c_str(), mode) != 0) {
+      return "cannot set the mode of " + prefix.string() + ": " + std::strerror(errno);
+    }
+  }
+  // Again, now that every component exists: one another user made between the first look and
+  // our mkdir is theirs.
+  if (auto reason = untrustedPathReason(dir)) return *reason;
+  return created;
 }
 
 }  // namespace toolhost::protocol

@@ -5,17 +5,28 @@
 // send it) or their own database and key in place of the daemon's.
 #pragma once
 
+#include <sys/types.h>
+
+#include <boost/system/result.hpp>
+
 #include <filesystem>
 #include <optional>
 #include <string>
 
 namespace toolhost::protocol {
 
-// Every existing component of `path` (made absolute, then also resolved through its symbolic
-// links) must belong to the effective user or root, and a directory must not be writable by its
-// group or others unless its sticky bit is set (as /tmp's is). Components that do not exist yet
-// are not judged: whoever creates them owns them. std::nullopt when the path is trusted, else the
-// reason, naming the component.
+// Every existing component of `path` (made absolute, each prefix looked up as written, then also
+// resolved through its symbolic links) must belong to the effective user or root, and a
+// directory must not be writable by others, nor by its group unless that is the user's own
+// private group, unless its sticky bit is set (as /tmp's is). Components that do not exist yet
+// are not judged. std::nullopt when the path is trusted, else the reason, naming the component.
 std::optional<std::string> untrustedPathReason(const std::filesystem::path& path);
+
+// Creates the missing components of `dir` with `mode` (whatever the umask; and `group`, when
+// given), then judges the whole path again, so that a component another user made meanwhile is
+// refused too. Whether any component was made here; or why the path cannot be trusted or made.
+boost::system::result<bool, std::string> makeTrustedDirectories(const std::filesystem::path& dir,
+                                                                mode_t mode,
+                                                                std::optional<gid_t> group = {});
 
 }  // namespace toolhost::protocol

@@ -50,8 +50,38 @@ TEST_CASE("a directory others may write to without a sticky bit is not trusted",
   CHECK_THAT(*reason, Catch::Contains(open.string()) && Catch::Contains("0777"));
   REQUIRE(::chmod(open.c_str(), 01777) == 0);
   CHECK_FALSE(untrustedPathReason(open / "toolhost.sock"));
-  REQUIRE(::chmod(open.c_str(), 0770) == 0);
-  CHECK(untrustedPathReason(open));
+  if (::geteuid() == 0) {
+    // Writable by a group that is not the user's own private group.
+    REQUIRE(::chown(open.c_str(), 0, 65534) == 0);
+    REQUIRE(::chmod(open.c_str(), 0770) == 0);
+    CHECK(untrustedPathReason(open));
+  }
+}
+
+TEST_CASE("directories are made with their mode whatever the umask, then judged again",
+          "[path-trust]") {
+  Dir dir;
+  const mode_t previous = ::umask(002);
+  auto made = toolhost::protocol::makeTrustedDirectories(dir.path / "a/b/c", 0700);
+  ::umask(previous);
+  REQUIRE(made);
+  CHECK(*made);
+  for (const char* part : {"a", "a/b", "a/b/c"}) {
+    INFO(part);
+    struct stat st {};
+    REQUIRE(::stat((dir.path / part).c_str(), &st) == 0);
+    CHECK((st.st_mode & 07777) == 0700);
+  }
+  CHECK_FALSE(untrustedPathReason(dir.path / "a/b/c"));
+  auto again = toolhost::protocol::makeTrustedDirectories(dir.path / "a/b/c", 0700);
+  REQUIRE(again);
+  CHECK_FALSE(*again);  // nothing was missing
+  // A directory others may write to is refused, made or not.
+  REQUIRE(::chmod((dir.path / "a/b").c_str(), 0777) == 0);
+  auto refused = toolhost::protocol::makeTrustedDirectories(dir.path / "a/b/d", 0700);
+  REQUIRE_FALSE(refused);
+  CHECK_THAT(refused.error(), Catch::Contains("0777"));
+  CHECK_FALSE(fs::exists(dir.path / "a/b/d"));
 }
 
 TEST_CASE("a directory, file or symbolic link of another user is not trusted", "[path-trust]") {
@@ -77,4 +107,12 @@ TEST_CASE("a directory, file or symbolic link of another user is not trusted", "
   const fs::path ours = dir.path / "ours";
   fs::create_directory_symlink(theirs, ours);
   CHECK(untrustedPathReason(ours / "x"));
+  // "link/.." is where the link leads, then up: not the directory the link is in.
+  fs::create_directory(theirs / "sub");
+  REQUIRE(::chown((theirs / "sub").c_str(), 65534, 65534) == 0);
+  const fs::path down = dir.path / "down";
+  fs::create_directory_symlink(theirs / "sub", down);
+  auto upThroughLink = untrustedPathReason(down / ".." / "state");
+  REQUIRE(upThroughLink);
+  CHECK_THAT(*upThroughLink, Catch::Contains("uid 65534"));
 }

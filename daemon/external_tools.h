@@ -33,12 +33,14 @@ class ExternalTools {
   void setOwnSocket(const std::filesystem::path& socket);
 
   // Forwards one call of `tool` (an external-service revision; arguments already validated).
-  // `wallMs`: the caller's tightened limit or the manifest's, if any; the exchange (not the
-  // prompt) is bounded by it, else by [fetch] timeout_ms. Answers tools.call's result shape
+  // The tool's limits are the manifest's wallMs (else [fetch] timeout_ms) and outputBytes (else
+  // [runtime] default_output_bytes), within [runtime]'s caps; `requested` (the call's) may only
+  // tighten them. The exchange (not the prompt) is bounded by wallMs, and a result whose JSON
+  // text is larger than outputBytes answers output-too-large. Answers tools.call's result shape
   // {result, name, revision, usage: {wallMs}} or a JSON-RPC error.
   boost::asio::awaitable<MethodResult> call(registry::ToolRevisionPtr tool,
                                             boost::json::object arguments,
-                                            std::optional<std::int64_t> wallMs);
+                                            runtime::CallLimits requested);
 
  private:
   MediationServices services_;

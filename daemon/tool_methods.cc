@@ -343,16 +343,8 @@ void registerToolMethods(MethodTable& methods, ToolServices services) {
               co_return appError(app_error::kUnavailable, "unavailable",
                                  "this daemon does not forward external-service tools");
             }
-            // The exchange is bounded by the tighter of the call's and the manifest's wallMs,
-            // else by [fetch] timeout_ms.
-            std::optional<std::int64_t> wallMs = requestedLimits(params).wallMs;
-            if (const auto* limits = tool->manifest.if_contains("limits")) {
-              if (const auto* manifestWall = limits->as_object().if_contains("wallMs")) {
-                const auto value = manifestWall->to_number<std::int64_t>();
-                wallMs = wallMs ? std::min(*wallMs, value) : value;
-              }
-            }
-            co_return co_await services.external->call(tool, std::move(arguments), wallMs);
+            co_return co_await services.external->call(tool, std::move(arguments),
+                                                       requestedLimits(params));
           }
         }
         co_return appError(app_error::kUnavailable, "unavailable", "unknown execution class");

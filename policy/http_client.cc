@@ -483,6 +483,10 @@ std::shared_ptr<BufferedBytes> HttpClient::ownerPool(const std::string& owner) {
   return pool;
 }
 
+std::shared_ptr<BufferedShare> HttpClient::bufferedShare(const std::string& owner) {
+  return std::make_shared<BufferedShare>(buffered_, owner.empty() ? nullptr : ownerPool(owner));
+}
+
 std::size_t HttpClient::bufferedBytes(const std::string& owner) const {
   std::lock_guard lock(ownersMutex_);
   auto found = owners_.find(owner);

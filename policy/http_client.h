@@ -148,6 +148,10 @@ class HttpClient {
   // Response bytes held now (FetchLimits::maxBufferedBytes), all owners' or one's. Any thread.
   std::size_t bufferedBytes() const { return buffered_->held(); }
   std::size_t bufferedBytes(const std::string& owner) const;
+  // A share of these buffered bytes (and of `owner`'s, when not empty) for response bytes this
+  // client does not read itself (an external service's answer over a Unix socket), grown with
+  // FetchLimits' maxBufferedBytes and maxOwnerBufferedBytes like a fetch's.
+  std::shared_ptr<BufferedShare> bufferedShare(const std::string& owner);
 
  private:
   boost::asio::awaitable<FetchResult> exchange(HttpRequest request, FetchLimits limits,

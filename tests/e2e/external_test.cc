@@ -30,7 +30,9 @@ namespace {
 // A JSON-RPC server on a Unix socket, one connection at a time on its own thread: reads one
 // line, answers tools.call with {name, arguments} (an echo), with the error {code: -32000,
 // message: arguments.fail} when that is a string, with a line that is not JSON when
-// arguments.garbage, and never when arguments.hang (it waits for the daemon to close).
+// arguments.garbage, and never when arguments.hang (it waits for the daemon to close). With
+// arguments.big = N the result also holds a string of N bytes; with arguments.stall = N it sends
+// N bytes of an answer and then waits for the daemon to close.
 class UnixRpcServer {
  public:
   explicit UnixRpcServer(std::filesystem::path path) : path_(std::move(path)) {
@@ -123,7 +125,16 @@ class UnixRpcServer {
     }
     std::string reply;
     const json::object* args = arguments ? arguments->if_object() : nullptr;
-    if (args && args->contains("hang")) {
+    if (args && args->contains("big")) {
+      answer["result"].as_object()["big"] =
+          std::string(static_cast<std::size_t>(args->at("big").to_number<std::int64_t>()), 'b');
+    }
+    if (args && args->contains("stall")) {
+      const std::string part(static_cast<std::size_t>(args->at("stall").to_number<std::int64_t>()),
+                             ' ');
+      (void)!::write(connection, part.data(), part.size());
+    }
+    if (args && (args->contains("hang") || args->contains("stall"))) {
       // Hold the connection until the daemon closes it.
       while (readable(connection)) {
         if (::read(connection, buffer, sizeof buffer) <= 0) break;
@@ -231,6 +242,101 @@ TEST_CASE("external service over unix: forwarded once authorized", "[e2e][extern
   }
   CHECK(requests == 4);
   CHECK(denial);
+}
+
+TEST_CASE("external service over unix: its limits, the answers held, a busy service",
+          "[e2e][external]") {
+  DaemonOptions options;
+  options.configToml =
+      "[fetch]\nmax_response_bytes = 100000\nmax_buffered_bytes = 100000\n"
+      "max_buffered_bytes_per_tool = 100000\n";
+  auto daemon = DaemonProcess::start(options);
+  const std::string holdingEndpoint = "unix:" + (daemon->dir() / "a.sock").string();
+  const std::string endpoint = "unix:" + (daemon->dir() / "b.sock").string();
+  UnixRpcServer holdingService(daemon->dir() / "a.sock");
+  UnixRpcServer service(daemon->dir() / "b.sock");
+  Peer agent(daemon->socket());
+  auto holding = deploy(agent, externalTool("holding", holdingEndpoint));
+  decideAhead(agent, holding, "invoke", holdingEndpoint, "write");
+  auto manifest = externalTool("remote", endpoint);
+  manifest["limits"] = json::object{{"outputBytes", 60000}};
+  auto revision = deploy(agent, manifest);
+  decideAhead(agent, revision, "invoke", endpoint, "write");
+
+  // outputBytes holds for the service's result as for a sandboxed tool's.
+  auto large = callTool(agent, "remote", json::object{{"big", 70000}});
+  CHECK(errorCode(large) == -32007);
+  CHECK_THAT(text(large.at("error").at("data").at("detail")), Catch::Contains("outputBytes"));
+  CHECK(resultOf(callTool(agent, "remote", json::object{{"big", 50000}})).contains("result"));
+  // A call's wallMs only tightens; a huge one is no overflow into a timeout at once.
+  auto patient =
+      agent.call("tools.call", json::object{{"name", "remote"},
+                                            {"arguments", json::object{{"x", 1}}},
+                                            {"limits", json::object{{"wallMs", 9300000000000}}}});
+  CHECK(resultOf(patient).at("result").at("arguments").at("x") == 1);
+
+  // An answer being read counts against max_buffered_bytes, like a fetch's body: while one
+  // service holds 60 KB of an unfinished answer, another's 50 KB answer does not fit.
+  auto held = startCall(agent, "holding", json::object{{"stall", 60000}});
+  REQUIRE(holdingService.waitForRequests(1, 10s));
+  bool refused = false;
+  for (int attempt = 0; attempt < 100 && !refused; ++attempt) {
+    auto answer = callTool(agent, "remote", json::object{{"big", 50000}});
+    if (answer.contains("error")) {
+      CHECK(answer.at("error").at("data").at("kind") == "response-too-large");
+      CHECK_THAT(text(answer.at("error").at("data").at("detail")),
+                 Catch::Contains("max_buffered_bytes"));
+      refused = true;
+    } else {
+      std::this_thread::sleep_for(50ms);
+    }
+  }
+  CHECK(refused);
+  agent.send("$/cancelRequest", json::object{{"id", held}}, agent.nextId());
+  CHECK(errorCode(agent.response(held)) == -32009);
+  CHECK(holdingService.waitForClosedHang(5s));
+  CHECK(resultOf(callTool(agent, "remote", json::object{{"big", 50000}})).contains("result"));
+}
+
+TEST_CASE("a busy unix service is waited for, not taken for a broken one", "[e2e][external]") {
+  auto daemon = DaemonProcess::start();
+  const auto path = daemon->dir() / "busy.sock";
+  const std::string endpoint = "unix:" + path.string();
+  // A listener with room for one pending connection, taken by another client: the daemon's
+  // connect is refused at once (EAGAIN) until the service accepts.
+  int listener = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  REQUIRE(listener >= 0);
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  std::memcpy(address.sun_path, path.c_str(), path.native().size() + 1);
+  REQUIRE(::bind(listener, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0);
+  REQUIRE(::listen(listener, 0) == 0);
+  int filler = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  REQUIRE(::connect(filler, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0);
+  Peer agent(daemon->socket());
+  auto revision = deploy(agent, externalTool("busy", endpoint));
+  decideAhead(agent, revision, "invoke", endpoint, "write");
+  std::thread service([&] {
+    std::this_thread::sleep_for(300ms);
+    ::close(::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC));  // the filler
+    int connection = ::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
+    std::string line;
+    char buffer[4096];
+    while (line.find('\n') == std::string::npos) {
+      const ssize_t n = ::read(connection, buffer, sizeof buffer);
+      if (n <= 0) break;
+      line.append(buffer, static_cast<std::size_t>(n));
+    }
+    const std::string reply = R"({"jsonrpc":"2.0","id":1,"result":"served"})"
+                              "\n";
+    (void)!::write(connection, reply.data(), reply.size());
+    ::close(connection);
+  });
+  auto answer = callTool(agent, "busy", json::object{});
+  service.join();
+  ::close(filler);
+  ::close(listener);
+  CHECK(resultOf(answer).at("result") == "served");
 }
 
 TEST_CASE("an external service that is the daemon's own socket is refused", "[e2e][external]") {

@@ -87,6 +87,14 @@ AuditLog::~AuditLog() {
 
 void AuditLog::append(AuditEntry entry) {
   if (entry.time.empty()) entry.time = formatTime(std::chrono::system_clock::now());
+  // A target that is a URL (an external service's endpoint, as its manifest writes it) is kept
+  // without its query and fragment: keys travel there, and the audit never holds a query.
+  if (entry.target.starts_with("https://") || entry.target.starts_with("http://")) {
+    if (const auto cut = entry.target.find_first_of("?#"); cut != std::string::npos) {
+      entry.target.resize(cut);
+      entry.target += "?...";
+    }
+  }
   {
     std::unique_lock lock(mutex_);
     changed_.wait(lock, [this] { return queue_.size() < kMaxQueued || stopping_; });

@@ -215,6 +215,26 @@ TEST_CASE("decisions: always survives a reopen, session does not", "[policy][dec
   CHECK(sawLong);
 }
 
+TEST_CASE("audit: a target URL is kept without its query", "[policy][audit]") {
+  TempDir dir;
+  auto store = openStore(dir.state());
+  AuditLog audit(*store, 5);
+  AuditEntry entry;
+  entry.kind = "request";
+  entry.toolRevision = kRevA;
+  entry.toolName = "t";
+  entry.action = "invoke";
+  entry.target = "https://api.example/rpc?api_key=TOPSECRET#frag";
+  entry.verdict = "allow";
+  audit.append(entry);
+  entry.target = "unix:/run/svc.sock";
+  audit.append(entry);
+  auto tail = valueOf(audit.tail(10));
+  REQUIRE(tail.size() == 2);
+  CHECK(tail[0].target == "https://api.example/rpc?...");
+  CHECK(tail[1].target == "unix:/run/svc.sock");
+}
+
 TEST_CASE("audit: append numbers entries, trims the oldest, tails newest last", "[policy][audit]") {
   TempDir dir;
   {

@@ -148,6 +148,18 @@ boost::system::result<void, ServerError> Server::listen() {
     unlinkSocket();
     return ServerError{"cannot listen on " + path.string() + ": " + errnoText(error)};
   }
+  // Rules for other users are of no use on a socket only its owner may open.
+  if (!config.socketGroup) {
+    for (const auto& rule : config.access.rules()) {
+      if ((rule.uid && *rule.uid != ::geteuid()) || rule.gid) {
+        spdlog::warn(
+            "[[access]] names other users or groups, but the socket {} is mode 0600 (no [server] "
+            "socket_group): only its owner can connect",
+            path.string());
+        break;
+      }
+    }
+  }
   return adopt(fd, path);
 }
 

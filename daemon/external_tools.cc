@@ -337,6 +337,20 @@ asio::awaitable<MethodResult> ExternalTools::call(registry::ToolRevisionPtr tool
                               " bytes of JSON; the call's limit (outputBytes) is " +
                               std::to_string(outputBytes)};
       }
+    } else {
+      // The service's error object reaches the agent too: within the same limit. (result's
+      // error() is a copy: the failure is taken out, changed and put back.)
+      Failure failure = outcome.error();
+      if (const auto* remote = failure.extra.if_contains("remoteError")) {
+        const std::size_t size = protocol::writeJson(*remote).size();
+        if (size > outputBytes) {
+          failure.extra.erase("remoteError");
+          failure.detail += " (its error object, " + std::to_string(size) +
+                            " bytes of JSON, is left out: the call's limit (outputBytes) is " +
+                            std::to_string(outputBytes) + ")";
+          outcome = std::move(failure);
+        }
+      }
     }
     record.outcome = outcome ? "ok" : outcome.error().kind;
     auditRequest(services_.audit, record);

@@ -225,6 +225,22 @@ void Server::startSession(stream_protocol::socket socket) {
     spdlog::warn("conn={} no peer credentials: {}; closing", id, errnoText(errno));
     return;
   }
+  // The daemon never calls itself: a connection from its own process is an external-service
+  // tool whose endpoint led here (a symbolic link switched after the path was checked), which
+  // would call itself again as admin.
+  if (peer.pid == ::getpid()) {
+    spdlog::warn(
+        "conn={} refused: a connection from this daemon's own process (an "
+        "external-service endpoint that leads to this socket)",
+        id);
+    refuse(std::move(socket),
+           protocol::RpcError{app_error::kUnauthorized,
+                              std::string(app_error::message(app_error::kUnauthorized)),
+                              "peer-refused",
+                              "this daemon does not call itself: the endpoint leads to its own "
+                              "socket"});
+    return;
+  }
   // The connection keeps the access rules and limits in force now, whatever a reload does later.
   std::shared_ptr<const Config> config = configs_.current();
   RoleSet roles = config->access.rolesFor(peer);

@@ -61,6 +61,18 @@ std::optional<std::string> judge(const fs::path& path) {
       return prefix.string() + " belongs to uid " + std::to_string(st.st_uid) +
              ", another user, who could replace what is under it";
     }
+    // The walk goes on through where a link leads ("link/.." is the target's parent): that
+    // target, and the directories down to it, must hold too. A canonical path has no links, so
+    // this goes one level deep.
+    if (S_ISLNK(st.st_mode)) {
+      std::error_code ec;
+      const fs::path target = fs::canonical(prefix, ec);
+      if (ec) {
+        if (ec == std::errc::no_such_file_or_directory) return std::nullopt;
+        return "cannot resolve " + prefix.string() + ": " + ec.message();
+      }
+      if (auto reason = judge(target)) return reason;
+    }
     if (S_ISDIR(st.st_mode) && (st.st_mode & S_ISVTX) == 0 &&
         ((st.st_mode & S_IWOTH) != 0 ||
          ((st.st_mode & S_IWGRP) != 0 && !ownPrivateGroup(st.st_gid)))) {

@@ -207,6 +207,11 @@ class OperationProxy final : public HostOperation {
     aborted_ = true;
     return std::move(aborts_);
   }
+  // Whether it was aborted (work queued for it need not be done).
+  bool aborted() {
+    std::lock_guard lock(mutex_);
+    return aborted_;
+  }
 
  private:
   const std::weak_ptr<Process> process_;
@@ -251,6 +256,10 @@ struct Process : std::enable_shared_from_this<Process> {
     std::uint64_t order = 0;     // ties in lastUsed: the later report is the later use
   };
   std::unordered_map<std::string, KnownSandbox> sandboxes;
+  // Quick requests queued for the quick-request thread and not yet done: the queue outlives an
+  // operation's abort, so it has a bound of its own; past it a quick request is refused as busy.
+  std::size_t quickQueued = 0;
+  static constexpr std::size_t kMaxQuickQueued = 256;
   std::uint64_t sandboxReports = 0;
   void applySandboxChanges(const json::object& changes);
   // The row of `tool`'s sandbox from a result's `own` (OwnRow), added or updated.
@@ -998,13 +1007,37 @@ void ProcessSandboxPool::Impl::handle(const std::shared_ptr<Process>& process,
     // they never delay other tools' operations and aborts.
     std::string kind = ipc::stringField(message, "kind");
     const bool quick = kind == kResolveInvocation || kind == kCreateSubtasks;
+    if (quick) {
+      bool busy = false;
+      {
+        std::lock_guard lock(process->mutex);
+        busy = process->quickQueued >= Process::kMaxQuickQueued;
+        if (!busy) ++process->quickQueued;
+      }
+      if (busy) {
+        proxy->complete(HostOpFailure{
+            "busy", "the daemon has " + std::to_string(Process::kMaxQuickQueued) +
+                        " lineage requests of this sandbox process queued; try again later"});
+        return;
+      }
+    }
     asio::post(
         quick ? quickRequestThreads.get_executor() : hostThreads.get_executor(),
-        [self = shared_from_this(), tool, proxy, quick, invocation = std::move(invocation),
+        [self = shared_from_this(), process, tool, proxy, quick, invocation = std::move(invocation),
          kind = std::move(kind), request = ipc::field(message, "request")]() mutable {
           try {
             if (quick) {
-              self->host.startQuickRequest(*tool, invocation, kind, std::move(request), proxy);
+              struct Dequeued {
+                Process& counted;
+                ~Dequeued() {
+                  std::lock_guard lock(counted.mutex);
+                  --counted.quickQueued;
+                }
+              } dequeued{*process};
+              // An aborted request's answer would be dropped: skip the lineage read.
+              if (!proxy->aborted()) {
+                self->host.startQuickRequest(*tool, invocation, kind, std::move(request), proxy);
+              }
             } else {
               self->host.startOperation(*tool, invocation, kind, std::move(request), proxy);
             }

@@ -268,6 +268,11 @@ TEST_CASE("external service over unix: its limits, the answers held, a busy serv
   CHECK(errorCode(large) == -32007);
   CHECK_THAT(text(large.at("error").at("data").at("detail")), Catch::Contains("outputBytes"));
   CHECK(resultOf(callTool(agent, "remote", json::object{{"big", 50000}})).contains("result"));
+  // The service's error object reaches the agent within the same limit.
+  auto failed = callTool(agent, "remote", json::object{{"fail", std::string(70000, 'f')}});
+  CHECK(errorCode(failed) == -32008);
+  CHECK_FALSE(failed.at("error").at("data").as_object().contains("remoteError"));
+  CHECK_THAT(text(failed.at("error").at("data").at("detail")), Catch::Contains("is left out"));
   // A call's wallMs only tightens; a huge one is no overflow into a timeout at once.
   auto patient =
       agent.call("tools.call", json::object{{"name", "remote"},

@@ -115,4 +115,11 @@ TEST_CASE("a directory, file or symbolic link of another user is not trusted", "
   auto upThroughLink = untrustedPathReason(down / ".." / "state");
   REQUIRE(upThroughLink);
   CHECK_THAT(*upThroughLink, Catch::Contains("uid 65534"));
+  // And a link straight to their directory: "link/.." is ours, but the walk passes through
+  // theirs, which they could swap for a link of their own.
+  const fs::path across = dir.path / "across";
+  fs::create_directory_symlink(theirs, across);
+  auto throughTheirs = untrustedPathReason(across / ".." / "state");
+  REQUIRE(throughTheirs);
+  CHECK_THAT(*throughTheirs, Catch::Contains("uid 65534"));
 }

@@ -14,6 +14,8 @@
 //                       then the call's result
 //   forged-invocation   subtasks for the call with an invocation of its own making; the call's
 //                       result carries the daemon's reply
+//   quick-flood         one quick request held, then 299 started and aborted at once: counts
+//                       the daemon's "busy" refusals
 //   operation-flood     100 operations for the call at once; the call's result counts the ones
 //                       the daemon refused
 //   sandbox-flood       reports of retained sandboxes that do not exist, thousands at a time
@@ -95,6 +97,23 @@ json::object awaitCompletion(Lines& lines, std::uint64_t op, int* others = nullp
   std::_Exit(0);
 }
 
+// Reads until `want` operations were refused with `code` (answering pings meanwhile); how many.
+int awaitRefusals(Lines& lines, std::string_view code, int want) {
+  int refused = 0;
+  std::string line;
+  while (refused < want && lines.next(line)) {
+    auto message = json::parse(line).as_object();
+    const auto type = message.at("t").as_string();
+    if (type == "ping") {
+      send(json::object{{"t", "pong"}, {"seq", message.at("seq")}});
+    } else if (type == "opComplete" && message.contains("error") &&
+               message.at("error").at("code") == json::value(json::string(code))) {
+      ++refused;
+    }
+  }
+  return refused;
+}
+
 void answer(const std::string& scenario, Lines& lines, const json::object& call) {
   const auto id = call.at("id").to_number<std::uint64_t>();
   const std::string revision(call.at("revision").as_string());
@@ -146,18 +165,7 @@ void answer(const std::string& scenario, Lines& lines, const json::object& call)
                         {"invocation", json::object{}}});
     }
     // The refusals come back at once; the operations the daemon took stay outstanding.
-    int refused = 0;
-    std::string line;
-    while (refused < kOps && lines.next(line)) {
-      auto message = json::parse(line).as_object();
-      const auto type = message.at("t").as_string();
-      if (type == "ping") {
-        send(json::object{{"t", "pong"}, {"seq", message.at("seq")}});
-      } else if (type == "opComplete" && message.contains("error") &&
-                 message.at("error").at("code") == "too-many-operations") {
-        if (++refused == kOps - 64) break;
-      }
-    }
+    const int refused = awaitRefusals(lines, "too-many-operations", kOps - 64);
     for (int op = 1; op <= kOps; ++op) send(json::object{{"t", "opAbort"}, {"op", op}});
     send(result(id, revision, refused));
   } else if (scenario == "sandbox-flood") {
@@ -177,6 +185,24 @@ void answer(const std::string& scenario, Lines& lines, const json::object& call)
       }
     }
     send(result(id, revision, "still here"));
+  } else if (scenario == "quick-flood") {
+    // The first quick request stays with the daemon (the test holds its lineage read); 299 more
+    // are started and aborted at once, which frees the call's operation slots but not the
+    // daemon's queue.
+    auto start = [&](int op) {
+      send(json::object{{"t", "opStart"},
+                        {"op", op},
+                        {"call", id},
+                        {"kind", "resolveInvocation"},
+                        {"request", json::object{{"name", "other"}}},
+                        {"invocation", json::object{}}});
+    };
+    start(1);
+    for (int op = 2; op <= 300; ++op) {
+      start(op);
+      send(json::object{{"t", "opAbort"}, {"op", op}});
+    }
+    send(result(id, revision, awaitRefusals(lines, "busy", 300 - 256)));
   } else if (scenario == "result-keeps-op") {
     send(json::object{{"t", "opStart"},
                       {"op", 1},

@@ -1095,6 +1095,35 @@ TEST_CASE("a host cannot start more than kMaxRunningOps operations for one call"
   CHECK(held.size() == kMaxRunningOps);
 }
 
+TEST_CASE("a host's queued quick requests are bounded though it aborts them",
+          "[process][hostile]") {
+  ProcessFixture f(processConfig(), hostileLaunch("quick-flood"));
+  // The daemon's lineage reads wait until the call is over: the requests stay queued.
+  std::mutex mutex;
+  std::condition_variable opened;
+  bool open = false;
+  f.host.beforeResolve = [&] {
+    std::unique_lock lock(mutex);
+    opened.wait(lock, [&] { return open; });
+  };
+  struct Opener {
+    std::mutex& mutex;
+    std::condition_variable& opened;
+    bool& open;
+    ~Opener() {
+      {
+        std::lock_guard lock(mutex);
+        open = true;
+      }
+      opened.notify_all();
+    }
+  } opener{mutex, opened, open};
+  auto outcome = f.call(makeTool("export default () => 1", kSubtasks));
+  INFO(describe(outcome));
+  REQUIRE(outcome.result);
+  CHECK(*outcome.result == 300 - 256);
+}
+
 TEST_CASE("a host that holds a cancelled call is killed at the cancel's deadline",
           "[process][hostile][cancel]") {
   ProcessFixture f(processConfig(), hostileLaunch("silent"));

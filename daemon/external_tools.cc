@@ -172,9 +172,10 @@ asio::awaitable<UnixExchange> unixExchange(std::string path, std::string request
       socklen_t addressLength = sizeof peerAddress;
       if (::getpeername(socket.native_handle(), reinterpret_cast<sockaddr*>(&peerAddress),
                         &addressLength) != 0) {
-        if (errno != ENOTCONN)
-          connectError = boost::system::error_code(errno, boost::system::system_category());
-        busy = errno == ENOTCONN;
+        const int error = errno;
+        busy = error == ENOTCONN;
+        if (!busy)
+          connectError = boost::system::error_code(error, boost::system::system_category());
       }
     }
     if (!busy && connectError) {

@@ -141,21 +141,28 @@ TEST_CASE("a socket or state directory, or a secrets key, others control is refu
 
 TEST_CASE("toolhostctl does not trust a default socket directory in /tmp made by another user",
           "[e2e][cli]") {
-  if (::geteuid() != 0 || runProgram({"unshare", "-m", "true"}).status != 0) {
-    WARN("needs root and mount namespaces to fake /tmp for another uid; skipped");
+  // uid 64998 made /tmp/toolhost-64999 first; uid 64999 runs toolhostctl with no
+  // XDG_RUNTIME_DIR, so its default socket is in that directory.
+  const fs::path squatted = "/tmp/toolhost-64999";
+  if (::geteuid() != 0 || fs::exists(squatted)) {
+    WARN("needs root, and no " << squatted << " yet; skipped");
     return;
   }
-  // In a private /tmp: uid 65533 made /tmp/toolhost-65534 first; uid 65534 runs toolhostctl with
-  // no XDG_RUNTIME_DIR, so the default socket is in that directory.
-  const std::string script =
-      "mount -t tmpfs none /tmp && mkdir -m 0755 /tmp/toolhost-65534 && "
-      "chown 65533:65533 /tmp/toolhost-65534 && "
-      "exec setpriv --reuid=65534 --regid=65534 --clear-groups env -i " +
-      ctlBinary().string() + " ping";
-  auto result = runProgram({"unshare", "-m", "--propagation", "private", "sh", "-c", script});
+  fs::create_directory(squatted);
+  struct Cleanup {
+    fs::path dir;
+    ~Cleanup() {
+      std::error_code ignored;
+      fs::remove_all(dir, ignored);
+    }
+  } cleanup{squatted};
+  REQUIRE(::chown(squatted.c_str(), 64998, 64998) == 0);
+  REQUIRE(::chmod(squatted.c_str(), 0755) == 0);
+  auto result = runProgram({"setpriv", "--reuid=64999", "--regid=64999", "--clear-groups", "env",
+                            "-i", ctlBinary().string(), "ping"});
   CHECK(result.status == 3);
-  CHECK_THAT(result.err, Catch::Contains("not connecting to /tmp/toolhost-65534/toolhost.sock") &&
-                             Catch::Contains("uid 65533"));
+  CHECK_THAT(result.err, Catch::Contains("not connecting to /tmp/toolhost-64999/toolhost.sock") &&
+                             Catch::Contains("uid 64998"));
 }
 
 TEST_CASE("socket_group: the group may reach the socket, or the log says why not",

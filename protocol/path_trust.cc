@@ -59,7 +59,10 @@ std::optional<std::string> judge(const fs::path& path) {
     }
     if (st.st_uid != self && st.st_uid != 0) {
       return prefix.string() + " belongs to uid " + std::to_string(st.st_uid) +
-             ", another user, who could replace what is under it";
+             ", another user, who could replace what is under it" +
+             (st.st_uid == 65534 ? " (inside a user namespace, the files of users it does not "
+                                   "map, the host's root included, show as uid 65534)"
+                                 : "");
     }
     // The walk goes on through where a link leads ("link/.." is the target's parent): that
     // target, and the directories down to it, must hold too. A canonical path has no links, so

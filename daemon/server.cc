@@ -151,7 +151,8 @@ boost::system::result<void, ServerError> Server::listen() {
   // Rules for other users are of no use on a socket only its owner may open.
   if (!config.socketGroup) {
     for (const auto& rule : config.access.rules()) {
-      if ((rule.uid && *rule.uid != ::geteuid()) || rule.gid) {
+      // Root passes file modes: a rule for uid 0 works all the same.
+      if ((rule.uid && *rule.uid != ::geteuid() && *rule.uid != 0) || rule.gid) {
         spdlog::warn(
             "[[access]] names other users or groups, but the socket {} is mode 0600 (no [server] "
             "socket_group): only its owner can connect",

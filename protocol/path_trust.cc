@@ -45,9 +45,13 @@ bool ownPrivateGroup(gid_t gid) {
   return true;
 }
 
+// The most links one judgment follows, as the kernel's own limit.
+constexpr int kMaxLinks = 40;
+
 // Why the components of the absolute `path` cannot be trusted; stops at the first that does not
 // exist. Each prefix is looked up as written, so "link/.." is judged where the link leads.
-std::optional<std::string> judge(const fs::path& path) {
+// `links` counts the links followed so far.
+std::optional<std::string> judge(const fs::path& path, int& links) {
   const uid_t self = ::geteuid();
   fs::path prefix;
   for (const auto& part : path) {
@@ -65,16 +69,17 @@ std::optional<std::string> judge(const fs::path& path) {
                                  : "");
     }
     // The walk goes on through where a link leads ("link/.." is the target's parent): that
-    // target, and the directories down to it, must hold too. A canonical path has no links, so
-    // this goes one level deep.
+    // target, the directories down to it and every link on the way (each hop judged as the
+    // link it is, not only the end of the chain) must hold too.
     if (S_ISLNK(st.st_mode)) {
+      if (++links > kMaxLinks) return prefix.string() + " leads through too many links";
       std::error_code ec;
-      const fs::path target = fs::canonical(prefix, ec);
-      if (ec) {
-        if (ec == std::errc::no_such_file_or_directory) return std::nullopt;
-        return "cannot resolve " + prefix.string() + ": " + ec.message();
+      const fs::path target = fs::read_symlink(prefix, ec);
+      if (ec) return "cannot read the link " + prefix.string() + ": " + ec.message();
+      if (auto reason =
+              judge(target.is_absolute() ? target : prefix.parent_path() / target, links)) {
+        return reason;
       }
-      if (auto reason = judge(target)) return reason;
     }
     if (S_ISDIR(st.st_mode) && (st.st_mode & S_ISVTX) == 0 &&
         ((st.st_mode & S_IWOTH) != 0 ||
@@ -92,12 +97,8 @@ std::optional<std::string> untrustedPathReason(const fs::path& path) {
   std::error_code ec;
   const fs::path absolute = fs::absolute(path, ec);
   if (ec) return "cannot make " + path.string() + " absolute: " + ec.message();
-  if (auto reason = judge(absolute)) return reason;
-  // Through the symbolic links (each one already judged above): where they lead must hold too.
-  const fs::path resolved = fs::weakly_canonical(absolute, ec);
-  if (ec) return "cannot resolve " + absolute.string() + ": " + ec.message();
-  if (resolved != absolute) return judge(resolved);
-  return std::nullopt;
+  int links = 0;
+  return judge(absolute, links);
 }
 
 boost::system::result<bool, std::string> makeTrustedDirectories(const fs::path& dir, mode_t mode,

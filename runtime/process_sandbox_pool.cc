@@ -259,7 +259,7 @@ struct Process : std::enable_shared_from_this<Process> {
   // Quick requests queued for the quick-request thread and not yet done: the queue outlives an
   // operation's abort, so it has a bound of its own; past it a quick request is refused as busy.
   std::size_t quickQueued = 0;
-  static constexpr std::size_t kMaxQuickQueued = 256;
+  static constexpr std::size_t kMaxQuickQueued = 1024;
   std::uint64_t sandboxReports = 0;
   void applySandboxChanges(const json::object& changes);
   // The row of `tool`'s sandbox from a result's `own` (OwnRow), added or updated.

@@ -122,4 +122,18 @@ TEST_CASE("a directory, file or symbolic link of another user is not trusted", "
   auto throughTheirs = untrustedPathReason(across / ".." / "state");
   REQUIRE(throughTheirs);
   CHECK_THAT(*throughTheirs, Catch::Contains("uid 65534"));
+  // A chain through a link of theirs, even one that leads back to our own directory: they can
+  // point it elsewhere at any time.
+  fs::create_directory(dir.path / "real");
+  const fs::path theirLink = dir.path / "their-link";
+  fs::create_directory_symlink(dir.path / "real", theirLink);
+  REQUIRE(::lchown(theirLink.c_str(), 65534, 65534) == 0);
+  const fs::path chain = dir.path / "chain";
+  fs::create_directory_symlink(theirLink, chain);
+  for (const fs::path& through : {chain / "state", chain / ".." / "state"}) {
+    INFO(through);
+    auto viaTheirLink = untrustedPathReason(through);
+    REQUIRE(viaTheirLink);
+    CHECK_THAT(*viaTheirLink, Catch::Contains(theirLink.string() + " belongs to uid 65534"));
+  }
 }

@@ -14,7 +14,7 @@
 //                       then the call's result
 //   forged-invocation   subtasks for the call with an invocation of its own making; the call's
 //                       result carries the daemon's reply
-//   quick-flood         one quick request held, then 299 started and aborted at once: counts
+//   quick-flood         one quick request held, then 1099 started and aborted at once: counts
 //                       the daemon's "busy" refusals
 //   operation-flood     100 operations for the call at once; the call's result counts the ones
 //                       the daemon refused
@@ -186,8 +186,8 @@ void answer(const std::string& scenario, Lines& lines, const json::object& call)
     }
     send(result(id, revision, "still here"));
   } else if (scenario == "quick-flood") {
-    // The first quick request stays with the daemon (the test holds its lineage read); 299 more
-    // are started and aborted at once, which frees the call's operation slots but not the
+    // The first quick request stays with the daemon (the test holds its lineage read); 1099
+    // more are started and aborted at once, which frees the call's operation slots but not the
     // daemon's queue.
     auto start = [&](int op) {
       send(json::object{{"t", "opStart"},
@@ -198,11 +198,11 @@ void answer(const std::string& scenario, Lines& lines, const json::object& call)
                         {"invocation", json::object{}}});
     };
     start(1);
-    for (int op = 2; op <= 300; ++op) {
+    for (int op = 2; op <= 1100; ++op) {
       start(op);
       send(json::object{{"t", "opAbort"}, {"op", op}});
     }
-    send(result(id, revision, awaitRefusals(lines, "busy", 300 - 256)));
+    send(result(id, revision, awaitRefusals(lines, "busy", 1100 - 1024)));
   } else if (scenario == "result-keeps-op") {
     send(json::object{{"t", "opStart"},
                       {"op", 1},

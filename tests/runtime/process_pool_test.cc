@@ -1121,7 +1121,7 @@ TEST_CASE("a host's queued quick requests are bounded though it aborts them",
   auto outcome = f.call(makeTool("export default () => 1", kSubtasks));
   INFO(describe(outcome));
   REQUIRE(outcome.result);
-  CHECK(*outcome.result == 300 - 256);
+  CHECK(*outcome.result == 1100 - 1024);
 }
 
 TEST_CASE("a host that holds a cancelled call is killed at the cancel's deadline",

@@ -5,8 +5,7 @@
 // object per line, LF-terminated, at most kMaxMessageBytes per line (results may be large),
 // written with protocol::writeJson and read with protocol::parseJson (depth bounded by
 // maxMessageDepth). Every message has "t", its type. Ids are unsigned integers chosen by the side
-// that creates the thing: calls by the daemon, quick requests ("rid") and operations ("op") by
-// the host. A message that does not parse or has the wrong shape is a protocol error: the daemon
+// that creates the thing: calls by the daemon, operations ("op") by the host. A message that does not parse or has the wrong shape is a protocol error: the daemon
 // kills the host, the host exits. The host trusts the daemon; the daemon trusts the host only
 // as far as the calls it has in flight there (a request names the call it belongs to, and the
 // daemon acts as that call's tool, never as a tool the host names).
@@ -22,7 +21,6 @@
 //   terminate   {t, revision}       SandboxPool::terminate (answered by `sandboxes`)
 //   discard     {t, revision}       SandboxPool::discard (answered by `sandboxes`)
 //   forget      {t, revision}       drop the cached Tool of `revision`
-//   reply       {t, rid, ok: any} | {t, rid, error: string}       answers a quick request
 //   opPause     {t, op}             HostOperation::pauseWallClock of operation `op`
 //   opResume    {t, op}             HostOperation::resumeWallClock
 //   opComplete  {t, op, ok: any} | {t, op, error: {code, message}}     HostOperation::complete
@@ -44,11 +42,12 @@
 //                "array-buffer-limit" | "cancelled"}]}
 //               calls told to stop at least killGraceMs ago whose thread is still inside V8
 //               (SandboxPool::stalled); the daemon kills the host. Each id is reported once.
-//   resolveInvocation {t, rid, revision, name}                          quick: answered by reply
-//   createSubtasks    {t, rid, call, drafts, invocation}                quick: answered by reply
-//   opStart     {t, op, call, kind, request, invocation}    CapabilityHost::startOperation
-//               (the daemon acts with the invocation it sent with `call`; the host's copy is
-//               not read)
+//   opStart     {t, op, call, kind, request, invocation}    CapabilityHost::startOperation, or
+//               for kind "resolveInvocation" ({name}) and "createSubtasks" ({drafts})
+//               CapabilityHost::startQuickRequest, answered on the daemon's quick-request
+//               thread (at most 1024 queued per host; more are refused with code "busy").
+//               The daemon acts with the invocation it sent with `call`; the host's copy is
+//               not read.
 //   opAbort     {t, op}             the call ended before operation `op` completed (onAbort)
 //   pong        {t, seq}
 //

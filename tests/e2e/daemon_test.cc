@@ -45,14 +45,20 @@ void makeStaleSocket(const fs::path& path) {
   ::close(fd);
 }
 
+// A daemon started with `options` exits at once with status 1, its log saying `words`.
+void checkStartRefused(DaemonOptions options, const std::string& words,
+                       const std::string& more = "") {
+  options.waitUntilReady = false;
+  auto daemon = DaemonProcess::start(options);
+  CHECK(daemon->wait(std::chrono::seconds(10)) == 1);
+  CHECK_THAT(daemon->log(), Catch::Contains(words) && Catch::Contains(more));
+}
+
 // A second daemon on `socket` exits at once, saying another one listens there.
 void checkRivalRefused(const fs::path& socket) {
   DaemonOptions second;
   second.socketPath = socket;
-  second.waitUntilReady = false;
-  auto rival = DaemonProcess::start(second);
-  CHECK(rival->wait(std::chrono::seconds(10)) == 1);
-  CHECK_THAT(rival->log(), Catch::Contains("already listening"));
+  checkStartRefused(second, "already listening");
 }
 
 }  // namespace
@@ -95,22 +101,16 @@ TEST_CASE("a state directory made by the daemon is 0700 and an existing one keep
 TEST_CASE("a socket or state directory, or a secrets key, others control is refused at start",
           "[e2e][daemon]") {
   TempDir dir;
-  auto refusedWith = [](DaemonOptions options, const std::string& words, const std::string& more) {
-    options.waitUntilReady = false;
-    auto daemon = DaemonProcess::start(options);
-    CHECK(daemon->wait(std::chrono::seconds(10)) == 1);
-    CHECK_THAT(daemon->log(), Catch::Contains(words) && Catch::Contains(more));
-  };
   // Writable by others without a sticky bit: anyone could put their own socket or database there.
   const fs::path open = dir.path() / "open";
   fs::create_directory(open);
   REQUIRE(::chmod(open.c_str(), 0777) == 0);
   DaemonOptions socketThere;
   socketThere.socketPath = open / "s";
-  refusedWith(socketThere, "refusing to listen at " + (open / "s").string(), "0777");
+  checkStartRefused(socketThere, "refusing to listen at " + (open / "s").string(), "0777");
   DaemonOptions stateThere;
   stateThere.stateDir = open / "state";
-  refusedWith(stateThere, "refusing the state directory", "0777");
+  checkStartRefused(stateThere, "refusing the state directory", "0777");
   CHECK_FALSE(fs::exists(open / "state"));
 
   if (::geteuid() != 0) {
@@ -123,9 +123,9 @@ TEST_CASE("a socket or state directory, or a secrets key, others control is refu
   REQUIRE(::chmod(theirs.c_str(), 0755) == 0);
   REQUIRE(::chown(theirs.c_str(), 65534, 65534) == 0);
   socketThere.socketPath = theirs / "s";
-  refusedWith(socketThere, "refusing to listen", "uid 65534");
+  checkStartRefused(socketThere, "refusing to listen", "uid 65534");
   stateThere.stateDir = theirs / "state";
-  refusedWith(stateThere, "refusing the state directory", "uid 65534");
+  checkStartRefused(stateThere, "refusing the state directory", "uid 65534");
   // A key another user wrote is a key they know.
   const fs::path key = dir.path() / "key";
   {
@@ -136,7 +136,7 @@ TEST_CASE("a socket or state directory, or a secrets key, others control is refu
   REQUIRE(::chown(key.c_str(), 65534, 65534) == 0);
   DaemonOptions keyOfTheirs;
   keyOfTheirs.configToml = "[secrets]\nkey_file = \"" + key.string() + "\"\n";
-  refusedWith(keyOfTheirs, "belongs to uid 65534", "refusing a key this user does not own");
+  checkStartRefused(keyOfTheirs, "belongs to uid 65534", "refusing a key this user does not own");
 }
 
 TEST_CASE("toolhostctl does not trust a default socket directory in /tmp made by another user",
@@ -240,10 +240,7 @@ TEST_CASE("a socket path that is not a socket is left alone", "[e2e][daemon]") {
   std::ofstream(path) << "precious";
   DaemonOptions options;
   options.socketPath = path;
-  options.waitUntilReady = false;
-  auto daemon = DaemonProcess::start(options);
-  CHECK(daemon->wait(std::chrono::seconds(10)) == 1);
-  CHECK_THAT(daemon->log(), Catch::Contains("not a socket"));
+  checkStartRefused(options, "not a socket");
   std::ifstream in(path);
   std::string content;
   in >> content;

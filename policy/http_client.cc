@@ -48,6 +48,11 @@ namespace {
 
 // Interim (1xx) responses read before the final one; more is a misbehaving server.
 constexpr int kMaxInterimResponses = 8;
+// What the read buffer may hold beyond a whole header: the parser takes body bytes out as they
+// come, so only framing waits here (a chunk-size line with its extensions, the trailer), and
+// none of it counts against the body's limits. Without this bound a server could send one
+// endless chunk extension and fill the daemon's memory until the timeout.
+constexpr std::size_t kMaxFramingBytes = 64 * 1024;
 // How long a successful exchange waits for the server's close_notify. Most servers send it with
 // the last byte (we asked for Connection: close); one that does not costs at most this.
 constexpr std::chrono::milliseconds kShutdownGrace{500};
@@ -605,7 +610,10 @@ asio::awaitable<FetchResult> HttpClient::exchange(HttpRequest request, FetchLimi
     configured = X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(tls),
                                                formatAddress(*destination.literal).c_str()) == 1;
   } else {
-    SSL_set_hostflags(tls, X509_CHECK_FLAG_NO_PARTIAL_WILDCARDS);
+    // Names only from subjectAltName: never the subject's common name (browsers stopped
+    // accepting it in 2017; a private CA's old certificates may still rely on it).
+    SSL_set_hostflags(tls,
+                      X509_CHECK_FLAG_NO_PARTIAL_WILDCARDS | X509_CHECK_FLAG_NEVER_CHECK_SUBJECT);
     configured = SSL_set_tlsext_host_name(tls, destination.host.c_str()) == 1 &&
                  SSL_set1_host(tls, destination.host.c_str()) == 1;
   }
@@ -629,7 +637,7 @@ asio::awaitable<FetchResult> HttpClient::exchange(HttpRequest request, FetchLimi
   if (cancelled()) co_return cancelledError(destination);
   if (writeError) co_return exchangeError(writeError, destination, limits, "sending the request");
 
-  beast::flat_buffer buffer;
+  beast::flat_buffer buffer(kMaxResponseHeaderBytes + kMaxFramingBytes);
   auto share = std::make_shared<BufferedShare>(buffered_, std::move(ownerPool));
   auto grow = [&](std::size_t total) {
     return share->growTo(total, limits.maxBufferedBytes, limits.maxOwnerBufferedBytes);
@@ -665,8 +673,21 @@ asio::awaitable<FetchResult> HttpClient::exchange(HttpRequest request, FetchLimi
       parser.put_eof(eofError);
       if (!eofError) readError = {};
     }
+    if (readError == http::error::buffer_overflow && parser.is_header_done()) {
+      co_return FetchError{FetchErrc::responseTooLarge,
+                           "The response from " + destination.origin +
+                               " has chunked-encoding framing (a chunk-size line with its "
+                               "extensions, or the trailer) longer than the limit of " +
+                               bytes(kMaxFramingBytes) + "."};
+    }
     if (readError) co_return exchangeError(readError, destination, limits, "reading the response");
     const unsigned status = parser.get().result_int();
+    // 1xx..5xx as HTTP defines them; 101 only answers an Upgrade, which fetch never asks for.
+    if (status < 100 || status > 599 || status == 101) {
+      co_return FetchError{FetchErrc::connectFailed, destination.origin + " answered with status " +
+                                                         std::to_string(status) +
+                                                         ", which is not a response to a fetch."};
+    }
     if (status >= 100 && status < 200 && status != 101) {
       if (interim >= kMaxInterimResponses) {
         co_return FetchError{FetchErrc::connectFailed,

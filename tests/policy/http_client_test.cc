@@ -357,6 +357,17 @@ TEST_CASE("fetch: the server certificate is verified") {
     CHECK_THAT(result.error().message, Catch::Contains("not valid for the address"));
     CHECK(namesOnly.totalRequests() == 0);
   }
+  SECTION("a name only in the subject's common name") {
+    HttpsTestServerOptions options;
+    options.commonNameOnly = std::string(HttpsTestServer::kDnsName);
+    HttpsTestServer legacy(options);
+    auto resolver = std::make_shared<ScriptedResolver>(std::vector{answers({"127.0.0.1"})});
+    HttpClient client(loopbackOpened(), legacy.caFile(), resolver);
+    const FetchResult result =
+        runFetch(client, requestFor(legacy.urlForName("/ok", HttpsTestServer::kDnsName)));
+    requireError(result, FetchErrc::tlsFailed);
+    CHECK(legacy.totalRequests() == 0);
+  }
   SECTION("a shared CA trusts both servers") {
     auto ca = std::make_shared<const TestCa>();
     HttpsTestServerOptions options;
@@ -393,6 +404,31 @@ TEST_CASE("fetch: a response over the limit is response-too-large") {
   SECTION("headers") {
     requireError(runFetch(client, requestFor(server.url("/big-header?bytes=70000"))),
                  FetchErrc::responseTooLarge);
+  }
+  SECTION("chunked framing that never ends") {
+    // Framing is no body byte: without its own bound it would be buffered until the timeout.
+    FetchLimits patient = limits;
+    patient.timeout = std::chrono::seconds(20);
+    const char* kind = GENERATE("extension", "zeros", "trailer");
+    INFO(kind);
+    const FetchResult result =
+        runFetch(client, requestFor(server.url(std::string("/framing?bytes=1048576&kind=") + kind)),
+                 patient);
+    requireError(result, FetchErrc::responseTooLarge);
+    CHECK_THAT(result.error().message, Catch::Contains("framing"));
+    CHECK(client.bufferedBytes() == 0);
+  }
+}
+
+TEST_CASE("fetch: a status that answers no fetch is refused") {
+  HttpsTestServer server;
+  HttpClient client(loopbackOpened(), server.caFile());
+  for (const char* code : {"101", "600"}) {
+    INFO(code);
+    const FetchResult result =
+        runFetch(client, requestFor(server.url(std::string("/status?code=") + code)));
+    requireError(result, FetchErrc::connectFailed);
+    CHECK_THAT(result.error().message, Catch::Contains(std::string("status ") + code));
   }
 }
 

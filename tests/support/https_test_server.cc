@@ -121,7 +121,9 @@ HttpsTestServer::Impl::Impl(HttpsTestServerOptions opts)
   caFile = dir / "ca.pem";
   ca->writeCertificate(caFile);
 
-  const IssuedCertificate leaf = ca->issue(options.dnsNames, options.ipAddresses);
+  const IssuedCertificate leaf = options.commonNameOnly.empty()
+                                     ? ca->issue(options.dnsNames, options.ipAddresses)
+                                     : ca->issue({}, {}, options.commonNameOnly);
   tls.set_options(ssl::context::default_workarounds | ssl::context::no_sslv2 |
                   ssl::context::no_sslv3);
   tls.use_certificate_chain(asio::buffer(leaf.certificatePem));
@@ -319,6 +321,28 @@ asio::awaitable<After> HttpsTestServer::Impl::respond(Stream& stream, Request& r
                                                      asio::as_tuple(asio::use_awaitable));
       if (ec) co_return After::closed;
     }
+  }
+  if (path == "/framing") {
+    const std::string kind = queryParameter(query, "kind").value_or("");
+    std::string framing =
+        "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n"
+        "Transfer-Encoding: chunked\r\n\r\n";
+    const std::size_t n = numberParameter(query, "bytes", 0);
+    if (kind == "extension") {
+      framing += "5;x=" + std::string(n, 'a');
+    } else if (kind == "zeros") {
+      framing += std::string(n, '0');
+    } else {
+      framing += "1\r\nx\r\n0\r\nX-T: " + std::string(n, 'a');
+    }
+    auto [ec, written] = co_await asio::async_write(stream, asio::buffer(framing),
+                                                    asio::as_tuple(asio::use_awaitable));
+    char byte = 0;
+    while (!ec) {
+      std::tie(ec, written) = co_await stream.async_read_some(asio::buffer(&byte, 1),
+                                                              asio::as_tuple(asio::use_awaitable));
+    }
+    co_return After::closed;
   }
   if (path == "/hang") {
     // Read until the client goes away; whatever it sends is ignored.

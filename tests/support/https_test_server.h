@@ -18,6 +18,10 @@
 //   /early-hints        103 Early Hints, then 200 "ok"
 //   /slow?ms=N          waits N ms before the response headers
 //   /hang               never answers; holds the connection until the client closes it
+//   /framing?kind=K&bytes=N  200 chunked, then N bytes of framing that never ends, and nothing
+//                       more until the client closes the connection: K=extension a chunk-size
+//                       line "5;x=aaa...", K=zeros a chunk size "000...", K=trailer a trailer
+//                       field "X-T: aaa..." after the last chunk
 //   /stall?bytes=N      headers with Content-Length N and one byte of the body, then nothing
 //                       more until the client closes the connection; &ms=M closes it after M ms
 //   /status?code=N      status N, body "status N" (no body for 1xx, 204, 304)
@@ -48,6 +52,9 @@ struct HttpsTestServerOptions {
   // Subject alternative names of the server certificate.
   std::vector<std::string> dnsNames{"toolhost-test.example"};
   std::vector<std::string> ipAddresses{"127.0.0.1"};
+  // Set: the certificate names only this, as its subject's common name, with no subject
+  // alternative names (dnsNames and ipAddresses are then ignored).
+  std::string commonNameOnly;
 };
 
 class HttpsTestServer {

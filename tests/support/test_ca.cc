@@ -145,12 +145,14 @@ TestCa::~TestCa() = default;
 const std::string& TestCa::certificatePem() const { return impl_->pem; }
 
 IssuedCertificate TestCa::issue(const std::vector<std::string>& dnsNames,
-                                const std::vector<std::string>& ipAddresses) const {
+                                const std::vector<std::string>& ipAddresses,
+                                const std::string& commonName) const {
   Pkey key = makeKey();
-  const std::string commonName = !dnsNames.empty()      ? dnsNames.front()
-                                 : !ipAddresses.empty() ? ipAddresses.front()
-                                                        : "toolhost test server";
-  Certificate leaf = makeCertificate(key.get(), commonName);
+  const std::string subject = !commonName.empty()    ? commonName
+                              : !dnsNames.empty()    ? dnsNames.front()
+                              : !ipAddresses.empty() ? ipAddresses.front()
+                                                     : "toolhost test server";
+  Certificate leaf = makeCertificate(key.get(), subject);
   X509* ca = impl_->certificate.get();
   check(X509_set_issuer_name(leaf.get(), X509_get_subject_name(ca)), "cannot set the issuer");
   addExtension(leaf.get(), ca, NID_basic_constraints, "critical,CA:FALSE");

@@ -28,8 +28,11 @@ class TestCa {
   // A server certificate (serverAuth, digitalSignature) with these subject alternative names:
   // dnsNames as DNS entries, ipAddresses ("127.0.0.1", "::1") as IP entries. Throws
   // std::runtime_error if OpenSSL refuses.
+  // With no names and a commonName, a certificate that names its host only in the subject's
+  // common name, as certificates did before subjectAltName was required.
   IssuedCertificate issue(const std::vector<std::string>& dnsNames,
-                          const std::vector<std::string>& ipAddresses) const;
+                          const std::vector<std::string>& ipAddresses,
+                          const std::string& commonName = "") const;
 
   // Writes certificatePem() to `path` (what [fetch] extra_ca_file points at).
   void writeCertificate(const std::filesystem::path& path) const;

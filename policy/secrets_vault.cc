@@ -213,6 +213,8 @@ std::string secretAad(const SecretRecord& record) {
                      {"carry", record.carry},
                      {"createdAt", record.createdAt},
                      {"origins", std::move(origins)}};
+  // Rows from before the sequence have none in their AAD.
+  if (record.sequence != 0) grant["sequence"] = record.sequence;
   std::string aad(kSecretAadTag);
   for (std::string_view part : {std::string_view(record.tool), std::string_view(record.revision),
                                 std::string_view(record.name)}) {
@@ -284,8 +286,20 @@ std::optional<Row> parseRow(std::string_view key, std::string_view value) {
   if (const auto* created = object.if_contains("createdAt"); created && created->is_string()) {
     row.record.createdAt = std::string(created->get_string());
   }
+  if (const auto* sequence = object.if_contains("sequence")) {
+    if (!sequence->is_uint64() && !(sequence->is_int64() && sequence->get_int64() >= 0)) {
+      return std::nullopt;
+    }
+    row.record.sequence = sequence->to_number<std::uint64_t>();
+  }
   row.sealed = std::move(*sealed);
   return row;
+}
+
+// Whether a was set after b: by sequence, and among rows from before the sequence by time.
+bool newerThan(const SecretRecord& a, const SecretRecord& b) {
+  if (a.sequence != b.sequence) return a.sequence > b.sequence;
+  return a.createdAt > b.createdAt;
 }
 
 std::string rowValue(const SecretRecord& record, const Sealed& sealed) {
@@ -296,6 +310,7 @@ std::string rowValue(const SecretRecord& record, const Sealed& sealed) {
   row["allowBody"] = record.allowBody;
   row["carry"] = record.carry;
   row["createdAt"] = record.createdAt;
+  row["sequence"] = record.sequence;
   return protocol::writeJson(json::value(std::move(row)));
 }
 
@@ -618,14 +633,26 @@ Result<SecretRecord> SecretsVault::set(const SecretGrant& grant, std::string_vie
   record.allowBody = grant.allowBody;
   record.carry = grant.carry;
   record.createdAt = formatTime(std::chrono::system_clock::now());
-  auto sealed = seal(key_->bytes, secretAad(record), value);
-  if (!sealed) return sealed.error();
-  const std::string row = rowValue(record, *sealed);
-  auto written = store_.write([&](store::WriteTxn& txn) -> boost::system::result<void> {
-    txn.put(secrets_, rowKey(record.tool, record.revision, record.name), row);
-    return {};
+  std::optional<VaultError> failed;
+  auto written = store_.write([&](store::WriteTxn& txn) -> boost::system::result<bool> {
+    std::uint64_t newest = 0;
+    txn.scan(secrets_, store::KeyRange::prefix(store::compositePrefix({record.tool})),
+             [&](std::string_view key, std::string_view stored) {
+               if (auto row = parseRow(key, stored)) {
+                 newest = std::max(newest, row->record.sequence);
+               }
+             });
+    record.sequence = newest + 1;
+    auto sealed = seal(key_->bytes, secretAad(record), value);
+    if (!sealed) {
+      failed = sealed.error();
+      return false;
+    }
+    txn.put(secrets_, rowKey(record.tool, record.revision, record.name), rowValue(record, *sealed));
+    return true;
   });
   if (!written) return storageError(store_, written.error());
+  if (failed) return *failed;
   return record;
 }
 
@@ -684,7 +711,7 @@ Result<std::optional<ResolvedSecret>> SecretsVault::tryResolve(
                }
                auto row = parseRow(key, value);
                if (!row || !row->record.carry) return;
-               if (!best || row->record.createdAt >= best->record.createdAt) {
+               if (!best || newerThan(row->record, best->record)) {
                  best = ResolvedSecret{std::move(row->record), Resolution::carried};
                }
              });

@@ -93,6 +93,10 @@ struct SecretRecord {
   bool allowBody = false;            // may also be substituted in request bodies
   bool carry = false;  // revisions of the tool installed later that request it may use it
   std::string createdAt;             // RFC 3339 UTC, when it was (last) set
+  // The order of the sets of this tool's secrets: each set takes one more than any row of the
+  // tool holds, so the newest carried row is found whatever the clock did (two sets in one
+  // millisecond, a clock stepped back). 0 in rows written before it existed (all older).
+  std::uint64_t sequence = 0;
 };
 
 // What set() stores.

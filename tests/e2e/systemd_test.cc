@@ -229,18 +229,7 @@ class Child {
  public:
   Child(std::vector<std::string> argv, const std::map<std::string, std::string>& env, fs::path log)
       : log_(std::move(log)) {
-    std::vector<std::string> envStorage;
-    for (char** entry = environ; *entry != nullptr; ++entry) {
-      std::string text = *entry;
-      // The test's own environment must not leak systemd variables into the child.
-      auto name = text.substr(0, text.find('='));
-      if (env.count(name) || name == "NOTIFY_SOCKET" || name.rfind("LISTEN_", 0) == 0 ||
-          name.rfind("WATCHDOG_", 0) == 0) {
-        continue;
-      }
-      envStorage.push_back(text);
-    }
-    for (const auto& [name, value] : env) envStorage.push_back(name + "=" + value);
+    std::vector<std::string> envStorage = childEnvironment(env);
     std::vector<char*> envp;
     for (auto& text : envStorage) envp.push_back(text.data());
     envp.push_back(nullptr);

@@ -41,14 +41,7 @@ bool canConnect(const fs::path& socket) {
   return ok;
 }
 
-std::vector<char*> buildEnv(const std::map<std::string, std::string>& extra,
-                            std::vector<std::string>& storage) {
-  for (char** entry = environ; *entry != nullptr; ++entry) {
-    std::string text = *entry;
-    auto name = text.substr(0, text.find('='));
-    if (extra.count(name) == 0) storage.push_back(text);
-  }
-  for (const auto& [name, value] : extra) storage.push_back(name + "=" + value);
+std::vector<char*> pointersTo(std::vector<std::string>& storage) {
   std::vector<char*> pointers;
   for (auto& text : storage) pointers.push_back(text.data());
   pointers.push_back(nullptr);
@@ -70,6 +63,27 @@ std::string readFile(const fs::path& path) {
 
 }  // namespace
 
+std::vector<std::string> childEnvironment(const std::map<std::string, std::string>& extra) {
+  auto inherited = [](std::string_view name) {
+    for (std::string_view dropped :
+         {"NOTIFY_SOCKET", "CREDENTIALS_DIRECTORY", "RUNTIME_DIRECTORY", "STATE_DIRECTORY"}) {
+      if (name == dropped) return false;
+    }
+    for (std::string_view prefix : {"LISTEN_", "WATCHDOG_", "TOOLHOST_"}) {
+      if (name.substr(0, prefix.size()) == prefix) return false;
+    }
+    return true;
+  };
+  std::vector<std::string> out;
+  for (char** entry = environ; *entry != nullptr; ++entry) {
+    std::string text = *entry;
+    const std::string name = text.substr(0, text.find('='));
+    if (extra.count(name) == 0 && inherited(name)) out.push_back(std::move(text));
+  }
+  for (const auto& [name, value] : extra) out.push_back(name + "=" + value);
+  return out;
+}
+
 std::unique_ptr<DaemonProcess> DaemonProcess::start(DaemonOptions options) {
   std::unique_ptr<DaemonProcess> daemon(new DaemonProcess());
   daemon->socket_ = options.socketPath.value_or(daemon->dir() / "s");
@@ -85,8 +99,8 @@ std::unique_ptr<DaemonProcess> DaemonProcess::start(DaemonOptions options) {
     args.push_back(configPath.string());
   }
   for (auto& arg : options.extraArgs) args.push_back(arg);
-  std::vector<std::string> envStorage;
-  auto envp = buildEnv(options.env, envStorage);
+  std::vector<std::string> envStorage = childEnvironment(options.env);
+  auto envp = pointersTo(envStorage);
   std::vector<char*> argv;
   for (auto& arg : args) argv.push_back(arg.data());
   argv.push_back(nullptr);
@@ -156,8 +170,8 @@ ProgramResult runProgram(const std::vector<std::string>& args, const std::string
   auto errPath = dir.path() / "err";
   auto inPath = dir.path() / "in";
   std::ofstream(inPath) << input;
-  std::vector<std::string> envStorage;
-  auto envp = buildEnv(env, envStorage);
+  std::vector<std::string> envStorage = childEnvironment(env);
+  auto envp = pointersTo(envStorage);
   std::vector<std::string> copy = args;
   std::vector<char*> argv;
   for (auto& arg : copy) argv.push_back(arg.data());

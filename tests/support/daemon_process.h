@@ -20,6 +20,11 @@
 
 namespace toolhost::testing {
 
+// The environment for a daemon (or another program of ours) started by a test: the runner's,
+// without what systemd or the user may have set for a daemon of theirs (NOTIFY_SOCKET, LISTEN_*,
+// WATCHDOG_*, CREDENTIALS_DIRECTORY, RUNTIME_DIRECTORY, STATE_DIRECTORY, TOOLHOST_*), plus
+// `extra`, which wins over anything of the same name.
+std::vector<std::string> childEnvironment(const std::map<std::string, std::string>& extra);
 
 struct DaemonOptions {
   std::string configToml;                  // written to a file and passed with --config if set

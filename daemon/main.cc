@@ -212,6 +212,34 @@ int run(const daemon::Config& config, const daemon::CommandLine& commandLine) {
     sandboxes.discard(from);
   });
 
+  // The sandbox processes: degraded while one fails calls fast (it ended max_restarts + 1 times
+  // within restart_window_ms) or could not be started.
+  facts.healthChecks.push_back(daemon::HealthCheck{
+      "runtime", [&sandboxes] {
+        bool ok = true;
+        boost::json::array processes;
+        for (const auto& slot : sandboxes.health()) {
+          boost::json::object entry{{"pid", slot.pid}, {"recentUnexpectedEnds", slot.recentEnds}};
+          if (slot.failingForMs > 0) {
+            ok = false;
+            entry["failingForMs"] = slot.failingForMs;
+          }
+          if (!slot.startError.empty()) {
+            ok = false;
+            entry["startError"] = slot.startError;
+          }
+          processes.push_back(std::move(entry));
+        }
+        boost::json::object out{{"ok", ok}, {"processes", std::move(processes)}};
+        if (!ok) {
+          out["detail"] =
+              "a sandbox process ended unexpectedly too often or could not be started: calls of "
+              "the "
+              "tools it hosts fail (see the daemon's log)";
+        }
+        return out;
+      }});
+
   daemon::MethodTable methods;
   daemon::registerMetaMethods(methods, facts);
   daemon::registerToolMethods(methods, daemon::ToolServices{registry, disk, &sandboxes,

@@ -42,6 +42,22 @@ const CompiledMethod* MethodTable::tryFind(std::string_view name) const {
 
 json::object MethodTable::openRpcDocument(std::string_view version) const {
   json::array methods;
+  // Served by the connection itself (daemon/session.cc), not by this table.
+  methods.push_back(json::object{
+      {"name", "$/cancelRequest"},
+      {"summary",
+       "Cancels a request of this connection that has not been answered yet: it is answered "
+       "with a cancelled error (-32009). Returns {cancelled}: false when no such request was "
+       "running (already answered, or never sent)."},
+      {"paramStructure", "by-name"},
+      {"params", json::array{json::object{
+                     {"name", "id"},
+                     {"required", true},
+                     {"schema", json::object{{"type", json::array{"string", "number"}}}}}}},
+      {"x-roles", json::array{"any"}},
+      {"result", json::object{{"name", "result"},
+                              {"schema", json::object{{"type", "object"},
+                                                      {"required", json::array{"cancelled"}}}}}}});
   for (const auto& [name, method] : methods_) {
     const auto& spec = method.spec;
     json::array params;

@@ -148,8 +148,8 @@ void registerToolMethods(MethodTable& methods, ToolServices services) {
                             {"changed", outcome->changed},
                             {"previous", outcome->previous ? json::value(*outcome->previous) : json::value(nullptr)},
                             {"changes", outcome->changes}};
-        // The binding moved: which secrets the new revision requests resolve, and how.
-        if (outcome->changed && secrets != nullptr) {
+        // Which secrets the revision now bound requests resolve, and how.
+        if (secrets != nullptr) {
           if (auto tool = registry.getRevision(outcome->revision, outcome->name)) {
             answer["secrets"] = secrets->describeRequested(**tool);
           }

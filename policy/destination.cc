@@ -822,4 +822,15 @@ DestinationResult parseDestination(std::string_view url, const AddressRules& rul
   return destination;
 }
 
+std::optional<std::string> whyNotCanonicalOrigin(std::string_view text) {
+  // Every range opened: only the form is judged here, not the operator's current ranges.
+  static const AddressRules everyRange({*parseCidr("0.0.0.0/0"), *parseCidr("::/0")});
+  auto destination = parseDestination(text, everyRange);
+  if (!destination) return destination.error().message;
+  if (destination->origin != text) {
+    return "it is not written as an origin; write " + destination->origin;
+  }
+  return std::nullopt;
+}
+
 }  // namespace toolhost::policy

@@ -137,4 +137,12 @@ struct Destination {
 boost::system::result<Destination, DestinationError> parseDestination(std::string_view url,
                                                                       const AddressRules& rules);
 
+// Whether `text` is an origin exactly as parseDestination() writes Destination::origin, the form
+// manifests, decisions and secret grants must name for a fetch ever to match them: nullopt when
+// it is, else why not (with the form to write instead when there is one). Literal addresses of
+// every range pass, since the operator may open any ([fetch] allow_private); names that are
+// always blocked (localhost, ...) and hosts written in another form (https://127.1,
+// https://A.example, a trailing dot, an explicit :443) do not.
+std::optional<std::string> whyNotCanonicalOrigin(std::string_view text);
+
 }  // namespace toolhost::policy

@@ -1,5 +1,6 @@
 #include "registry/manifest.h"
 
+#include "policy/destination.h"
 #include "protocol/content_hash.h"
 #include "protocol/json_text.h"
 
@@ -131,22 +132,7 @@ const json::value& Registry::manifestSchema() {
 }
 
 bool isCanonicalHttpsOrigin(std::string_view text) {
-  auto parsed = boost::urls::parse_absolute_uri(text);
-  if (!parsed || parsed->scheme() != "https" || !parsed->has_authority()) return false;
-  if (parsed->has_userinfo() || parsed->has_query() || parsed->has_fragment()) return false;
-  if (!parsed->encoded_path().empty()) return false;
-  std::string host(parsed->encoded_host());
-  if (host.empty()) return false;
-  for (char c : host) {
-    if (c >= 'A' && c <= 'Z') return false;
-  }
-  if (parsed->has_port()) {
-    if (parsed->port().empty() || parsed->port_number() == 0 || parsed->port_number() == 443) {
-      return false;
-    }
-    if (parsed->port() != std::to_string(parsed->port_number())) return false;  // no leading zeros
-  }
-  return true;
+  return !policy::whyNotCanonicalOrigin(text).has_value();
 }
 
 ExecutionClass executionClassOf(const json::object& manifest) {
@@ -232,11 +218,12 @@ Result<std::string> validateManifest(const json::object& manifest, const Registr
       std::size_t index = 0;
       for (const auto& entry : fetch->as_array()) {
         std::string_view origin = entry.at("origin").as_string();
-        if (!isCanonicalHttpsOrigin(origin)) {
+        if (auto why = policy::whyNotCanonicalOrigin(origin)) {
           return invalid("manifest/capabilities/fetch/" + std::to_string(index) +
                          "/origin: must be an exact https origin in canonical form, such as "
                          "https://api.example.com or https://api.example.com:8443 (lowercase, no "
-                         "path, no default port)");
+                         "path, no default port): " +
+                         *why);
         }
         ++index;
       }
@@ -245,9 +232,13 @@ Result<std::string> validateManifest(const json::object& manifest, const Registr
       std::size_t index = 0;
       for (const auto& entry : popup->as_array()) {
         std::string_view target = entry.as_string();
-        if (target != "custom-html" && !isCanonicalHttpsOrigin(target)) {
+        if (target == "custom-html") {
+          ++index;
+          continue;
+        }
+        if (auto why = policy::whyNotCanonicalOrigin(target)) {
           return invalid("manifest/capabilities/popup/" + std::to_string(index) +
-                         ": must be \"custom-html\" or an exact https origin");
+                         ": must be \"custom-html\" or an exact https origin: " + *why);
         }
         ++index;
       }

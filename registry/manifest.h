@@ -24,8 +24,9 @@ std::set<std::string> requestedCapabilities(const boost::json::object& manifest)
 // {capabilities: {added, removed}, limits: {key: {from, to}}} between two manifests.
 boost::json::object describeChanges(const boost::json::object& from, const boost::json::object& to);
 
-// True for an exact https origin in canonical form: "https://host" or "https://host:port",
-// lowercase, no default port, no path, query, fragment or credentials.
+// True for an exact https origin in canonical form, as fetch writes it (policy::
+// whyNotCanonicalOrigin): "https://host" or "https://host:port", lowercase, no default port, no
+// path, query, fragment or credentials, IPv4 as a dotted quad, IPv6 as RFC 5952 writes it.
 bool isCanonicalHttpsOrigin(std::string_view text);
 
 }  // namespace toolhost::registry

@@ -344,8 +344,8 @@ Result<ActivateOutcome> Registry::activate(const std::string& name, const std::s
     if (auto current = txn.tryGet(bindings_, name)) {
       auto object = parseObject(*current);
       std::string bound = object ? std::string(object->at("revision").as_string()) : "";
-      if (bound == revision) return {};  // already active: nothing to write
       outcome.previous = bound;
+      if (bound == revision) return {};  // already active: nothing to write, nothing changes
       if (!replace) {
         refusal = RegistryError{RegistryErrc::conflict,
                                 name + " is bound to " + bound + "; pass replace: true to move it to " + revision};

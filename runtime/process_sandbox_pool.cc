@@ -320,6 +320,7 @@ struct ProcessSandboxPool::Impl : std::enable_shared_from_this<ProcessSandboxPoo
   struct Slot {
     std::shared_ptr<Process> process;
     std::deque<Clock::time_point> ends;  // unexpected ends within the restart window
+    std::string startError;              // why the last start failed, until one succeeds
   };
   mutable std::mutex mutex;
   // --- Under mutex. ---
@@ -563,8 +564,10 @@ void ProcessSandboxPool::Impl::submit(json::object message, registry::ToolRevisi
             }
             try {
               candidate = startLocked(slot);
+              slots[slot].startError.clear();
             } catch (const std::exception& e) {
               spdlog::error("runtime: cannot start a sandbox process: {}", e.what());
+              slots[slot].startError = e.what();
               refused =
                   CallError{CallErrc::sandboxCrashed,
                             std::string("the sandbox process could not be started: ") + e.what(),
@@ -1294,6 +1297,32 @@ void ProcessSandboxPool::discard(const std::string& revision) {
   if (process->ended) return;
   process->sandboxes.erase(revision);
   process->channel->send(json::object{{"t", "discard"}, {"revision", revision}});
+}
+
+std::vector<ProcessSandboxPool::SlotHealth> ProcessSandboxPool::health() const {
+  std::vector<SlotHealth> out;
+  const auto now = Clock::now();
+  const auto window = milliseconds(impl_->config.restartWindowMs);
+  std::lock_guard lock(impl_->mutex);
+  for (const auto& slot : impl_->slots) {
+    SlotHealth health;
+    if (slot.process) {
+      std::lock_guard processLock(slot.process->mutex);
+      if (!slot.process->ended) health.pid = slot.process->pid;
+    }
+    for (const auto& end : slot.ends) {
+      if (now - end < window) ++health.recentEnds;
+    }
+    // As the next call would judge it (see asyncCall's start of a process).
+    if (impl_->config.maxRestarts > 0 && health.pid == 0 &&
+        health.recentEnds > impl_->config.maxRestarts) {
+      auto oldest = slot.ends.end() - static_cast<std::ptrdiff_t>(health.recentEnds);
+      health.failingForMs = std::max<std::int64_t>(1, millisBetween(now, *oldest + window));
+    }
+    health.startError = slot.startError;
+    out.push_back(std::move(health));
+  }
+  return out;
 }
 
 std::vector<int> ProcessSandboxPool::processIds() const {

@@ -94,6 +94,15 @@ class ProcessSandboxPool final : public ToolRunner {
   // or still starting). For diagnostics and tests.
   std::vector<int> processIds() const;
 
+  // What daemon.health reports of each process slot.
+  struct SlotHealth {
+    int pid = 0;                    // 0 while none runs (never started, ended, or starting)
+    std::size_t recentEnds = 0;     // unexpected ends within the restart window
+    std::int64_t failingForMs = 0;  // > 0: calls for it fail fast (max_restarts) for this long
+    std::string startError;         // why the last start failed; empty once one succeeded
+  };
+  std::vector<SlotHealth> health() const;
+
   struct Impl;
 
  private:

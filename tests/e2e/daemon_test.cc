@@ -302,6 +302,8 @@ TEST_CASE("daemon.info, daemon.health and rpc.discover", "[e2e][daemon]") {
 
   auto health = client.call("daemon.health").at("result").as_object();
   CHECK(health.at("status") == "ok");
+  CHECK(health.at("checks").at("store").at("ok") == true);
+  CHECK(health.at("checks").at("runtime").at("ok") == true);
 
   auto discover = client.call("rpc.discover").at("result").as_object();
   CHECK(discover.at("openrpc") == "1.2.6");
@@ -310,7 +312,8 @@ TEST_CASE("daemon.info, daemon.health and rpc.discover", "[e2e][daemon]") {
     names.insert(std::string(method.at("name").as_string()));
     CHECK(method.as_object().contains("params"));
   }
-  for (const char* expected : {"rpc.discover", "ping", "daemon.info", "daemon.health"}) {
+  for (const char* expected :
+       {"rpc.discover", "ping", "daemon.info", "daemon.health", "$/cancelRequest"}) {
     CHECK(names.count(expected) == 1);
   }
 }

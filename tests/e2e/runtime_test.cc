@@ -1,5 +1,6 @@
 // Sandboxed JavaScript tools through the real daemon: tools.call, retained and disposable
 // sandboxes, cancellation, limits as JSON-RPC errors, and the sandboxes family.
+#include "daemon/errors.h"
 #include "tests/support/daemon_process.h"
 
 #include "protocol/json_parse.h"
@@ -9,6 +10,7 @@
 #include <boost/json/parse.hpp>
 #include <catch2/catch.hpp>
 
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -369,4 +371,44 @@ TEST_CASE("V8 makes no machine code unless [runtime] jit = true", "[e2e][runtime
       }
     }
   }
+}
+
+TEST_CASE("daemon.health is degraded while a sandbox process that keeps ending fails calls",
+          "[e2e][runtime]") {
+  DaemonOptions options;
+  options.configToml = "[runtime]\nmax_restarts = 1\nrestart_window_ms = 600000\n";
+  auto daemon = DaemonProcess::start(options);
+  RawClient client(daemon->socket());
+  deploy(client, jsTool("fine", "export default async () => 'fine'"));
+  auto runtimeCheck = [&] {
+    auto health = client.call("daemon.health").at("result").as_object();
+    return health.at("checks").at("runtime").as_object();
+  };
+  CHECK(runtimeCheck().at("ok") == true);
+  // max_restarts = 1: the process may end once and be replaced; after a second end within the
+  // window, calls fail fast and the check says so.
+  for (int end = 1; end <= 2; ++end) {
+    CHECK(resultOf(call(client, "fine")) == "fine");
+    auto hosts = childrenOf(daemon->pid());
+    REQUIRE(hosts.size() == 1);
+    REQUIRE(::kill(hosts.front(), SIGKILL) == 0);
+    // The daemon notices the end when it reaps the process.
+    json::object check;
+    for (int i = 0; i < 500; ++i) {
+      check = runtimeCheck();
+      if (check.at("processes").at(0).at("recentUnexpectedEnds") == end) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    INFO(toolhost::protocol::writeJson(check));
+    REQUIRE(check.at("processes").at(0).at("recentUnexpectedEnds") == end);
+    CHECK(check.at("processes").at(0).at("pid") == 0);
+    CHECK(check.at("ok") == (end == 1));
+  }
+  auto refused = call(client, "fine");
+  CHECK(errorCode(refused) == toolhost::daemon::app_error::kSandboxCrashed);
+  auto check = runtimeCheck();
+  CHECK(check.at("ok") == false);
+  CHECK(check.at("processes").at(0).at("failingForMs").as_int64() > 0);
+  CHECK_THAT(std::string(check.at("detail").as_string()), Catch::Contains("ended unexpectedly"));
+  CHECK(client.call("daemon.health").at("result").at("status") == "degraded");
 }

@@ -67,6 +67,13 @@ TEST_CASE("install, activate, get, list, history over the socket", "[e2e][tools]
   auto activated = resultOf(client.call("tools.activate", json::object{{"name", "weather-lookup"}, {"revision", v1}}));
   CHECK(activated.at("changed") == true);
   CHECK(activated.at("previous").is_null());
+  CHECK(activated.contains("secrets"));
+  auto reactivated = resultOf(
+      client.call("tools.activate", json::object{{"name", "weather-lookup"}, {"revision", v1}}));
+  CHECK(reactivated.at("changed") == false);
+  CHECK(reactivated.at("previous") == json::value(v1));
+  CHECK(reactivated.at("changes").at("capabilities").at("added").as_array().empty());
+  CHECK(reactivated.contains("secrets"));
 
   auto v2 = std::string(resultOf(client.call(
       "tools.install", json::object{{"manifest", manifest("weather-lookup", "export default async () => 2")}}))

@@ -139,9 +139,15 @@ TEST_CASE("bindings: activate, conflict without replace, changes listed", "[regi
   CHECK_FALSE(first->previous.has_value());
   CHECK(registry.tryBinding("weather-lookup")->revision == v1->revision);
 
+  // Activating the bound revision again changes nothing, and says so: previous is itself, and
+  // no capability or limit is listed as added.
   auto same = registry.activate("weather-lookup", v1->revision, false);
   REQUIRE(same.has_value());
   CHECK_FALSE(same->changed);
+  CHECK(same->previous == v1->revision);
+  CHECK(same->changes.at("capabilities").at("added").as_array().empty());
+  CHECK(same->changes.at("capabilities").at("removed").as_array().empty());
+  CHECK(same->changes.at("limits").as_object().empty());
 
   std::vector<std::string> moves;
   registry.onBindingMoved([&](const std::string& name, const std::string& from, const std::string& to) {
@@ -455,9 +461,14 @@ TEST_CASE("manifest refusals name the field and the reason", "[registry]") {
       json::parse(R"({"type":"object","properties":{"a":{"id":"other","$ref":"#"}}})");
   refused(m, "\"id\" is not supported");
 
-  for (const char* origin : {"http://api.example", "https://API.example", "https://api.example/",
-                             "https://api.example/path", "https://user@api.example", "https://api.example:443",
-                             "https://api.example?q", "https://api.example:0"}) {
+  for (const char* origin :
+       {"http://api.example", "https://API.example", "https://api.example/",
+        "https://api.example/path", "https://user@api.example", "https://api.example:443",
+        "https://api.example?q", "https://api.example:0",
+        // Forms fetch reads as another origin, or never reaches.
+        "https://127.1", "https://0x7f000001:8443", "https://api.example.", "https://%61pi.example",
+        "https://[::ffff:127.0.0.1]", "https://[0::1]", "https://a..example", "https://localhost",
+        "https://api.example:08443", "https://api.example#x"}) {
     m = manifest();
     m["capabilities"] = json::object{
         {"fetch", json::array{json::object{{"origin", origin}, {"access", json::array{"read"}}}}}};
@@ -466,6 +477,15 @@ TEST_CASE("manifest refusals name the field and the reason", "[registry]") {
   CHECK(isCanonicalHttpsOrigin("https://api.example"));
   CHECK(isCanonicalHttpsOrigin("https://api.example:8443"));
   CHECK(isCanonicalHttpsOrigin("https://[::1]:8443"));
+  // Literals of any range: the operator may open them ([fetch] allow_private).
+  CHECK(isCanonicalHttpsOrigin("https://127.0.0.1:8443"));
+  CHECK(isCanonicalHttpsOrigin("https://[::ffff:7f00:1]"));
+  CHECK(isCanonicalHttpsOrigin("https://169.254.169.254"));
+  m = manifest();
+  m["capabilities"] = json::object{
+      {"fetch",
+       json::array{json::object{{"origin", "https://127.1"}, {"access", json::array{"read"}}}}}};
+  refused(m, "write https://127.0.0.1");
 
   m = manifest();
   m["capabilities"] = json::parse(R"({"fetch":[{"origin":"https://a.example","access":["delete"]}]})");

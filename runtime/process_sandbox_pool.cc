@@ -448,9 +448,10 @@ void Process::applySandboxChanges(const json::object& changes) {
     reported(known);
   }
   for (const auto& revision : removed) sandboxes.erase(revision);
-  // A host retains at most maxRetained sandboxes, a few more while their calls run; one that
-  // reports far more is not one to believe, and the daemon's copy must not grow with it.
-  if (sandboxes.size() > impl->config.maxRetained * 2 + 1024) {
+  // A host retains at most maxRetained sandboxes, plus one row for each revision with calls
+  // admitted (at most maxQueuedTotal, all busy, none evictable); one that reports far more is
+  // not one to believe, and the daemon's copy must not grow with it.
+  if (sandboxes.size() > impl->config.maxRetained + impl->config.maxQueuedTotal + 1024) {
     throw ipc::ProtocolError("the host reports " + std::to_string(sandboxes.size()) +
                              " retained sandboxes");
   }

@@ -611,6 +611,37 @@ std::optional<CallError> Sandbox::loadModule(JsScope& js) {
   if (!root->InstantiateModule(js.context, &Sandbox::resolveModule).FromMaybe(false)) {
     return compileError(js, tryCatch, "the tool's modules cannot be linked");
   }
+  // No top-level await: V8 10.2 aborts the whole process (a CHECK in ExecuteAsyncModule) when a
+  // kill lands as one async module's evaluation completes and its async importer's begins, which
+  // a tool can make happen at will, racing its own wall-clock limit or a cancel. Module scope has
+  // nothing to await anyway (no ctx, no host operation can complete while modules load).
+  if (root->IsGraphAsync()) {
+    std::string where = "the tool's modules";
+    for (const auto& loaded : modules_) {
+      v8::Local<v8::Module> module = loaded.module.Get(js.isolate);
+      if (!module->IsGraphAsync()) continue;
+      // Its own code awaits when none of the modules it imports does.
+      bool importsAsync = false;
+      v8::Local<v8::FixedArray> requests = module->GetModuleRequests();
+      for (int r = 0; r < requests->Length() && !importsAsync; ++r) {
+        auto request = requests->Get(js.context, r).As<v8::ModuleRequest>();
+        auto name =
+            resolveModuleSpecifier(loaded.name, toUtf8(js.isolate, request->GetSpecifier(), 512));
+        for (const auto& other : modules_) {
+          if (name && other.name == *name && other.module.Get(js.isolate)->IsGraphAsync()) {
+            importsAsync = true;
+          }
+        }
+      }
+      if (!importsAsync) {
+        where = loaded.name;
+        break;
+      }
+    }
+    return invalid(where +
+                   " uses top-level await, which tools cannot: await inside the default "
+                   "export instead");
+  }
   // A kill recorded while the modules compiled or linked (the near-heap-limit callback terminates
   // at once, past the watchdog's hold) would still be pending when Evaluate begins, where V8 10.2
   // aborts the process instead of failing the evaluation: stop before it.

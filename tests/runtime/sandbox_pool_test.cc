@@ -144,16 +144,35 @@ TEST_CASE("imports resolve only to the revision's own modules", "[pool][modules]
       {"prefix.js", "export const prefix = 'n=';"},
       {"lib/tla.js", "export const ready = await Promise.resolve('awaited');"},
   };
-  SECTION("relative, bare and rooted specifiers, nested folders, top-level await") {
+  SECTION("relative, bare and rooted specifiers, nested folders") {
     auto tool = makeTool(
         "import { twice, label } from './util.js'; import * as again from 'util.js';"
-        "import { ready } from '/lib/tla.js';"
-        "export default (args) => [label(twice(args.n)), again.twice === twice, ready];",
+        "import { prefix } from '/prefix.js';"
+        "export default (args) => [label(twice(args.n)), again.twice === twice, prefix];",
         {}, modules);
     auto outcome = f.call(tool, {{"n", 21}});
     INFO(describe(outcome));
     REQUIRE(outcome.result);
-    CHECK(*outcome.result == json::parse(R"(["n=42",true,"awaited"])"));
+    CHECK(*outcome.result == json::parse(R"(["n=42",true,"n="])"));
+  }
+  SECTION("top-level await is refused, naming the module that awaits") {
+    struct Case {
+      const char* source;
+      const char* says;
+    };
+    const Case cases[] = {
+        {"import { ready } from '/lib/tla.js'; export default () => ready;", "lib/tla.js uses"},
+        {"import './util.js'; await 0; export default () => 1;", "source.js uses"},
+        {"import { ready } from './lib/tla.js'; await 0; export default () => ready;",
+         "lib/tla.js uses"},
+    };
+    for (const auto& c : cases) {
+      auto outcome = f.call(makeTool(c.source, {}, modules));
+      INFO(c.source << "\n" << describe(outcome));
+      REQUIRE(errc(outcome) == CallErrc::invalidModule);
+      CHECK_THAT(outcome.result.error().detail, Catch::Contains(c.says));
+      CHECK_THAT(outcome.result.error().detail, Catch::Contains("top-level await"));
+    }
   }
   SECTION("unknown specifiers are refused, naming the specifier") {
     const char* sources[] = {
@@ -186,7 +205,6 @@ TEST_CASE("imports resolve only to the revision's own modules", "[pool][modules]
         {"throw new Error('top level'); export default () => 1;", "Error: top level"},
         {"export const x = 1;", "default export is not a function (it is missing)"},
         {"export default 42;", "default export is not a function (it is a number)"},
-        {"await new Promise(() => {}); export default () => 1;", "top-level await never settles"},
         {"import { nope } from './util.js'; export default () => 1;", "cannot be linked"},
     };
     for (const auto& c : cases) {
@@ -448,37 +466,57 @@ CancelledBehind cancelBehind(PoolFixture& f,
   std::optional<CallOutcome> waitingOut;
   CancelledBehind seen;
   auto cancelledAt = std::chrono::steady_clock::now();
+  boost::asio::steady_timer start(io);
+  boost::asio::steady_timer cancel(io);
   boost::asio::steady_timer backstop(io, milliseconds(5000));
   auto terminateBusy = [&] {
     for (const auto& tool : busy) f.pool.terminate(tool->revision);
   };
   backstop.async_wait([&](boost::system::error_code error) {
-    if (!error) terminateBusy();
+    if (error) return;
+    start.cancel();
+    terminateBusy();
   });
   for (std::size_t i = 0; i < busy.size(); ++i) {
     boost::asio::co_spawn(
         io, f.pool.call(busy[i], json::object{{"spin", true}}, {}),
         [&, i](std::exception_ptr, CallOutcome outcome) { busyOut[i] = std::move(outcome); });
   }
-  boost::asio::steady_timer start(io, milliseconds(100));  // the busy ones are running by then
-  start.async_wait([&](boost::system::error_code) {
-    boost::asio::co_spawn(io, f.pool.call(waiting, waitingArgs, {}),
-                          boost::asio::bind_cancellation_slot(
-                              signal.slot(), [&](std::exception_ptr, CallOutcome outcome) {
-                                seen.lag = std::chrono::steady_clock::now() - cancelledAt;
-                                seen.busyStillRunning =
-                                    std::none_of(busyOut.begin(), busyOut.end(),
-                                                 [](const auto& out) { return out.has_value(); });
-                                waitingOut = std::move(outcome);
-                                backstop.cancel();
-                                terminateBusy();
-                              }));
-  });
-  boost::asio::steady_timer cancel(io, milliseconds(300));
-  cancel.async_wait([&](boost::system::error_code) {
-    cancelledAt = std::chrono::steady_clock::now();
-    signal.emit(boost::asio::cancellation_type::terminal);
-  });
+  // The waiting call comes once every busy call has reached its sandbox (shown busy) and had
+  // 100 ms to start; the cancel 200 ms after it.
+  std::function<void()> startOnceBusy = [&] {
+    const auto listed = f.pool.list();
+    const auto running = std::count_if(listed.begin(), listed.end(),
+                                       [](const SandboxInfo& info) { return info.busy; });
+    if (static_cast<std::size_t>(running) < busy.size()) {
+      start.expires_after(milliseconds(5));
+      start.async_wait([&](boost::system::error_code error) {
+        if (!error) startOnceBusy();
+      });
+      return;
+    }
+    start.expires_after(milliseconds(100));
+    start.async_wait([&](boost::system::error_code error) {
+      if (error) return;
+      boost::asio::co_spawn(io, f.pool.call(waiting, waitingArgs, {}),
+                            boost::asio::bind_cancellation_slot(
+                                signal.slot(), [&](std::exception_ptr, CallOutcome outcome) {
+                                  seen.lag = std::chrono::steady_clock::now() - cancelledAt;
+                                  seen.busyStillRunning =
+                                      std::none_of(busyOut.begin(), busyOut.end(),
+                                                   [](const auto& out) { return out.has_value(); });
+                                  waitingOut = std::move(outcome);
+                                  backstop.cancel();
+                                  terminateBusy();
+                                }));
+      cancel.expires_after(milliseconds(200));
+      cancel.async_wait([&](boost::system::error_code) {
+        cancelledAt = std::chrono::steady_clock::now();
+        signal.emit(boost::asio::cancellation_type::terminal);
+      });
+    });
+  };
+  startOnceBusy();
   io.run();
   REQUIRE(waitingOut);
   seen.waiting = std::move(*waitingOut);

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -141,6 +142,15 @@ TEST_CASE("socket path: flag, then TOOLHOST_SOCKET, then config, too long refuse
   ConfigFile file("[server]\nsocket = \"/tmp/from-config.sock\"\n");
   CommandLine commandLine;
   commandLine.configFile = file.path;
+  // The runner's own TOOLHOST_SOCKET comes back afterwards.
+  struct Restore {
+    std::optional<std::string> value;
+    ~Restore() {
+      if (value) ::setenv("TOOLHOST_SOCKET", value->c_str(), 1);
+    }
+  } restore{std::getenv("TOOLHOST_SOCKET")
+                ? std::optional<std::string>(std::getenv("TOOLHOST_SOCKET"))
+                : std::nullopt};
   ::unsetenv("TOOLHOST_SOCKET");
   CHECK(loadConfig(commandLine)->socketPath == "/tmp/from-config.sock");
   ::setenv("TOOLHOST_SOCKET", "/tmp/from-env.sock", 1);

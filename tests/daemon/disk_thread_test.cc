@@ -15,6 +15,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <future>
 #include <stdexcept>
 #include <string>
@@ -158,13 +159,20 @@ TEST_CASE("disk thread: a job whose request is cancelled before it starts never 
                  asio::bind_cancellation_slot(first.slot(), asio::detached));
   asio::co_spawn(io, job(secondRan, secondOutcome, false),
                  asio::bind_cancellation_slot(second.slot(), asio::detached));
-  asio::steady_timer timer(io, 20ms);
-  timer.async_wait([&](boost::system::error_code) {
-    // Both requests are cancelled: the first while its job runs, the second while queued.
+  // Once the first job runs (it holds the disk thread, so the second is queued), both requests
+  // are cancelled: the first while its job runs, the second while queued.
+  asio::steady_timer timer(io);
+  std::function<void()> cancelOnceRunning = [&] {
+    if (!firstRan.load()) {
+      timer.expires_after(1ms);
+      timer.async_wait([&](boost::system::error_code) { cancelOnceRunning(); });
+      return;
+    }
     first.emit(asio::cancellation_type::terminal);
     second.emit(asio::cancellation_type::terminal);
     release.set_value();
-  });
+  };
+  cancelOnceRunning();
   io.run();
   CHECK(firstRan.load());
   CHECK(firstOutcome == "done");  // a job that started finishes

@@ -118,6 +118,7 @@ TEST_CASE("the OpenRPC document lists methods with params and roles", "[dispatch
   auto document = table.openRpcDocument("1.2.3");
   CHECK(document.at("info").at("version") == "1.2.3");
   bool sawEcho = false;
+  bool sawAdminOnly = false;
   for (const auto& method : document.at("methods").as_array()) {
     if (method.at("name") == "open.echo") {
       sawEcho = true;
@@ -127,8 +128,10 @@ TEST_CASE("the OpenRPC document lists methods with params and roles", "[dispatch
       CHECK(params[0].at("required") == true);
     }
     if (method.at("name") == "admin.only") {
+      sawAdminOnly = true;
       CHECK(method.at("x-roles") == json::array{"admin"});
     }
   }
   CHECK(sawEcho);
+  CHECK(sawAdminOnly);
 }

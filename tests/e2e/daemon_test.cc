@@ -260,7 +260,10 @@ TEST_CASE("SIGTERM lets requests in flight finish, then exits 0", "[e2e][daemon]
   auto daemon = DaemonProcess::start();
   RawClient client(daemon->socket());
   client.send(R"({"jsonrpc":"2.0","method":"ping","params":{"delayMs":400},"id":"late"})" "\n");
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  // Answered once read: "late", sent before it, has been read and is in flight by then.
+  client.send(R"({"jsonrpc":"2.0","method":"ping","id":"probe"})"
+              "\n");
+  CHECK(client.readJson().at("id") == "probe");
   ::kill(daemon->pid(), SIGTERM);
   auto response = client.readJson();
   CHECK(response.at("id") == "late");

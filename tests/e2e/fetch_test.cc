@@ -327,12 +327,11 @@ TEST_CASE("fetch: the wall clock pauses while a person is asked", "[e2e][fetch]"
   deploy(*s.admin,
          jsTool("reader", kReader, readCapabilities(s.server), json::object{{"wallMs", 500}}));
   Approver approver(s.daemon->socket());
-  auto started = Clock::now();
   auto id = startCall(*s.admin, "reader", json::object{{"url", s.server.url("/ok")}});
   auto prompt = approver.prompt();
   std::this_thread::sleep_for(1000ms);  // twice the tool's wall clock
   resultOf(approver.decide(prompt, "allow", "once"));
+  // Answered after twice its wall clock, the call still succeeds: the wait did not count.
   auto response = s.admin->response(id);
-  CHECK(Clock::now() - started >= 1000ms);
   CHECK(toolResult(response).at("status") == 200);
 }

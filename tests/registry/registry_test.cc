@@ -584,6 +584,7 @@ TEST_CASE("a binding read while activations race never leaves an old binding beh
 
   std::atomic<bool> stop{false};
   std::atomic<int> unexpected{0};
+  std::atomic<int> reads{0};
   std::vector<std::thread> readers;
   for (int i = 0; i < 3; ++i) {
     readers.emplace_back([&] {
@@ -592,9 +593,13 @@ TEST_CASE("a binding read while activations race never leaves an old binding beh
         if (!active || ((*active)->revision != v1->revision && (*active)->revision != v2->revision)) {
           unexpected.fetch_add(1);
         }
+        reads.fetch_add(1);
       }
     });
   }
+  // The readers are running before the activations start.
+  while (reads.load() < 3) std::this_thread::yield();
+  const int readsBefore = reads.load();
   for (int round = 0; round < 100; ++round) {
     const std::string& next = round % 2 == 0 ? v2->revision : v1->revision;
     REQUIRE(registry.activate("weather-lookup", next, true).has_value());
@@ -605,6 +610,7 @@ TEST_CASE("a binding read while activations race never leaves an old binding beh
   stop.store(true);
   for (auto& reader : readers) reader.join();
   CHECK(unexpected.load() == 0);
+  CHECK(reads.load() > readsBefore);  // reads raced the activations
   CHECK(registry.tryBinding("weather-lookup")->revision == v1->revision);
 }
 

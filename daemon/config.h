@@ -130,9 +130,10 @@ struct ConfigChanges {
   std::vector<std::string> needRestart;  // ignored until the daemon restarts
 };
 // Compares the configuration in force with a newly loaded one. Settings only a restart can apply
-// (socket, socket group, state directory, map size, I/O threads, log format, [fetch]
-// allow_private and extra_ca_file, [secrets] key_file) are copied from `running` into `next`, so
-// `next` describes what is really in force once it is swapped in.
+// (socket, socket group, state directory, map size, I/O threads, log format, [policy]
+// audit_max_entries, [fetch] allow_private and extra_ca_file, [secrets] key_file, all of
+// [runtime]) are copied from `running` into `next`, so `next` describes what is really in force
+// once it is swapped in.
 ConfigChanges reconcileReload(const Config& running, Config& next);
 
 // The longest path a Unix socket address can hold (sun_path minus its terminating NUL).

@@ -1,5 +1,7 @@
 #include "daemon/policy_methods.h"
 
+#include "policy/destination.h"
+
 #include "daemon/errors.h"
 #include "daemon/registry_errors.h"
 #include "daemon/session.h"
@@ -74,16 +76,22 @@ boost::system::result<policy::DecisionKey, KeyError> keyFrom(const json::object&
       return KeyError{"params.target: contains control characters"};
     }
   }
-  if (key.action == policy::kActionFetch && !registry::isCanonicalHttpsOrigin(key.target)) {
-    return KeyError{
-        "params.target: a fetch target is an exact https origin in canonical form, such as "
-        "https://api.example.com or https://api.example.com:8443 (lowercase, no path, no "
-        "default port)"};
+  if (key.action == policy::kActionFetch) {
+    if (auto why = policy::whyNotCanonicalOrigin(key.target)) {
+      return KeyError{
+          "params.target: a fetch target is an exact https origin in canonical form, such as "
+          "https://api.example.com or https://api.example.com:8443 (lowercase, no path, no "
+          "default port): " +
+          *why};
+    }
   }
-  if (key.action == policy::kActionPopup && key.target != "custom-html" &&
-      !registry::isCanonicalHttpsOrigin(key.target)) {
-    return KeyError{
-        "params.target: a popup target is custom-html or an exact https origin in canonical form"};
+  if (key.action == policy::kActionPopup && key.target != "custom-html") {
+    if (auto why = policy::whyNotCanonicalOrigin(key.target)) {
+      return KeyError{
+          "params.target: a popup target is custom-html or an exact https origin in canonical "
+          "form: " +
+          *why};
+    }
   }
   if (key.action == policy::kActionInvoke && !key.target.starts_with("https://") &&
       !key.target.starts_with("unix:/")) {

@@ -208,8 +208,10 @@ struct ServiceLifecycle::State {
     if (changes.applied.empty()) {
       spdlog::info("reloaded {}: nothing to apply", source);
     } else {
-      spdlog::info("reloaded {}: {} (for connections accepted from now on)", source,
-                   fmt::join(changes.applied, ", "));
+      spdlog::info(
+          "reloaded {}: {} ([limits] and [[access]] hold for connections accepted from now on, "
+          "the rest at once)",
+          source, fmt::join(changes.applied, ", "));
     }
     for (const auto& change : changes.needRestart) {
       spdlog::warn("reload: {} changed in the configuration; it takes effect after a restart",

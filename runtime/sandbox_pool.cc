@@ -115,6 +115,9 @@ struct Slot {
   std::uint64_t heapBytes = 0;
   Clock::time_point lastUsed = Clock::now();
   std::weak_ptr<CallJob> running;
+  // sandboxes.terminate came while calls were queued: the sandbox that exists now is destroyed
+  // before the next call begins, which starts a fresh one, still retained.
+  bool condemned = false;
 };
 
 // Releases the slot's FIFO lock to the next live waiter when the call leaves. Strand only.
@@ -635,10 +638,13 @@ asio::awaitable<CallOutcome> SandboxPool::Impl::run(std::shared_ptr<CallJob> job
     outcome.result = killError(Kill::cancelled, *job);
     co_return outcome;
   }
+  bool condemned = false;
   {
     std::lock_guard guard(mutex);
     slot.running = job;
+    std::swap(condemned, slot.condemned);
   }
+  if (condemned) slot.sandbox.reset();
   const auto started = Clock::now();
   call.deadline = started + std::chrono::milliseconds(call.limits.wallMs);
   if (!slot.sandbox) {
@@ -918,11 +924,16 @@ bool SandboxPool::terminate(const std::string& revision) {
     auto found = impl_->retained.find(revision);
     if (found == impl_->retained.end()) return false;
     auto slot = found->second;
-    impl_->unretainLocked(found);
     impl_->changedLocked(revision);
     if (slot->pending == 0) {
+      impl_->unretainLocked(found);
       impl_->disposeLocked(slot);
     } else {
+      // Calls wait for it: the slot stays, so that they still run one at a time, in order, and
+      // new calls of the revision queue behind them (an unretained slot would run each in a
+      // throwaway sandbox while new calls started a retained one beside them). The running call
+      // is cancelled, which discards its sandbox; if none runs, the next call discards it.
+      slot->condemned = true;
       running = slot->running.lock();
     }
   }

@@ -785,6 +785,46 @@ TEST_CASE("discard and terminate end a revision's sandbox", "[pool]") {
   }
 }
 
+TEST_CASE("a terminate with calls waiting keeps them in order on one fresh sandbox", "[pool]") {
+  PoolFixture f;
+  auto tool = makeTool(
+      "let calls = 0; export default (args) => { if (args.spin) { for (;;) {} } return ++calls; }",
+      limits({{"wallMs", 30000}, {"cpuMs", 30000}}));
+  CHECK(*f.call(tool).result == 1);
+  boost::asio::io_context io;
+  std::optional<CallOutcome> spun, queued;
+  boost::asio::co_spawn(
+      io, f.pool.call(tool, {{"spin", true}}, {}),
+      [&](std::exception_ptr, CallOutcome outcome) { spun = std::move(outcome); });
+  std::thread runner([&] {
+    auto work = boost::asio::make_work_guard(io);
+    io.run_for(std::chrono::seconds(20));
+  });
+  REQUIRE(waitFor([&] {
+    const auto listed = f.pool.list();
+    return !listed.empty() && listed.front().busy;
+  }));
+  boost::asio::post(io, [&] {
+    boost::asio::co_spawn(
+        io, f.pool.call(tool, {}, {}),
+        [&](std::exception_ptr, CallOutcome outcome) { queued = std::move(outcome); });
+  });
+  std::this_thread::sleep_for(milliseconds(50));  // queued behind the spinning call (or not yet)
+  CHECK(f.pool.terminate(tool->revision));
+  REQUIRE(waitFor([&] { return spun.has_value() && queued.has_value(); }, milliseconds(10000)));
+  io.stop();
+  runner.join();
+  INFO(describe(*spun) << "\n" << describe(*queued));
+  CHECK(errc(*spun) == CallErrc::cancelled);
+  // The waiting call ran in a fresh sandbox (the terminated one's state is gone), which stays
+  // retained: the next call sees its state, and no second sandbox ran beside it.
+  REQUIRE(queued->result);
+  CHECK(*queued->result == 1);
+  CHECK(queued->usage.freshSandbox);
+  CHECK(*f.call(tool).result == 2);
+  CHECK(f.pool.list().size() == 1);
+}
+
 TEST_CASE("changes() replayed in order rebuild list() through evictions and terminations",
           "[pool][evict]") {
   RuntimeConfig config = testConfig();

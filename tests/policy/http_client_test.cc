@@ -523,7 +523,7 @@ TEST_CASE("fetch: one timeout covers the whole exchange") {
   }
   const auto elapsed = Clock::now() - start;
   CHECK(elapsed >= 300ms);
-  CHECK(elapsed < 2s);
+  CHECK(elapsed < 10s);  // the limits, not the 30 s default
 }
 
 TEST_CASE("fetch: header injection is refused before anything is sent") {

@@ -516,7 +516,7 @@ TEST_CASE("cancellation crosses the socket", "[process][cancel]") {
   INFO(describe(*out));
   REQUIRE(errc(*out) == CallErrc::cancelled);
   CHECK(out->result.error().detail == "the caller cancelled the call");
-  CHECK(Clock::now() - cancelledAt < milliseconds(1000));
+  CHECK(Clock::now() - cancelledAt < milliseconds(3000));  // at once, not after the grace
   auto next = f.call(tool);  // the cancelled call's sandbox was discarded
   CHECK(*next.result == 1);
   CHECK(f.pid() == pid);  // by the host's own watchdog: the process lives on

@@ -539,7 +539,7 @@ TEST_CASE("a cancel is answered at once when no V8 runs for the call", "[pool][c
     INFO(describe(behind.waiting));
     CHECK(errc(behind.waiting) == CallErrc::cancelled);
     CHECK(behind.busyStillRunning);
-    CHECK(behind.lag < milliseconds(1000));
+    CHECK(behind.lag < milliseconds(3000));  // at once, not after the busy calls
     // It never ran: once its strand had a worker again it left no sandbox behind, and the next
     // call of it runs.
     CHECK(waitFor([&] {
@@ -598,7 +598,7 @@ TEST_CASE("a cancel is answered at once when no V8 runs for the call", "[pool][c
     work.reset();
     caller.join();
     CHECK(prompt);
-    CHECK(lag < milliseconds(1000));
+    CHECK(lag < milliseconds(3000));  // at once, not after the busy calls
     CHECK(spinsEndedThen == 0);
     REQUIRE(out);
     INFO(describe(*out));
@@ -618,14 +618,14 @@ TEST_CASE("a module's top-level code is stopped by a cancel and by its limits",
     auto outcome = callAndCancel(f.pool, tool, milliseconds(100));
     INFO(describe(outcome));
     CHECK(errc(outcome) == CallErrc::cancelled);
-    CHECK(std::chrono::steady_clock::now() - start < milliseconds(1000));
+    CHECK(std::chrono::steady_clock::now() - start < milliseconds(3000));  // not its 30 s
   }
   SECTION("past its wall clock") {
     auto tool = makeTool("for (;;) {}\nexport default () => 1", limits({{"wallMs", 200}}));
     auto outcome = f.call(tool);
     INFO(describe(outcome));
     CHECK(errc(outcome) == CallErrc::timeout);
-    CHECK(outcome.usage.wallMs < 1000);
+    CHECK(outcome.usage.wallMs < 3000);  // its limit, not for ever
   }
   SECTION("past its CPU time") {
     auto tool =
@@ -666,7 +666,7 @@ TEST_CASE("a cancelled call ends promptly with cancelled and its sandbox is disc
     INFO(describe(*out));
     REQUIRE(errc(*out) == CallErrc::cancelled);
     CHECK(out->result.error().detail == "the caller cancelled the call");
-    CHECK(lag < milliseconds(1000));
+    CHECK(lag < milliseconds(3000));  // at once, not after the busy calls
     auto next = f.call(tool);  // the sandbox was discarded: the counter starts again
     CHECK(*next.result == 1);
     CHECK(next.usage.freshSandbox);
@@ -677,7 +677,7 @@ TEST_CASE("a cancelled call ends promptly with cancelled and its sandbox is disc
     CHECK(errc(behind.waiting) == CallErrc::cancelled);
     CHECK(behind.waiting.result.error().detail == "the caller cancelled the call");
     CHECK(behind.busyStillRunning);
-    CHECK(behind.lag < milliseconds(1000));
+    CHECK(behind.lag < milliseconds(3000));  // at once, not after the busy calls
     REQUIRE(behind.busy.size() == 1);
     CHECK(behind.busy[0].result.error().detail == "the sandbox was terminated by an administrator");
   }

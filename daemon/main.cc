@@ -226,7 +226,7 @@ int run(const daemon::Config& config, const daemon::CommandLine& commandLine) {
           }
           if (!slot.startError.empty()) {
             ok = false;
-            entry["startError"] = slot.startError;
+            entry["startFailed"] = true;  // why is in the log: any role may read this check
           }
           processes.push_back(std::move(entry));
         }

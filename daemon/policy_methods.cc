@@ -60,8 +60,14 @@ struct KeyError {
   std::string detail;
 };
 
+// What a target must look like: as fetch and popups name them (set, check), or any line of
+// text (revoke: so that a decision stored before the origin rules tightened can be removed).
+enum class TargetRule { canonical, anyText };
+
 // The key named by params {toolRevision, action, target, access}, or the reason it is invalid.
-boost::system::result<policy::DecisionKey, KeyError> keyFrom(const json::object& params) {
+
+boost::system::result<policy::DecisionKey, KeyError> keyFrom(
+    const json::object& params, TargetRule rule = TargetRule::canonical) {
   policy::DecisionKey key;
   key.toolRevision = str(params, "toolRevision");
   key.action = str(params, "action");
@@ -76,6 +82,7 @@ boost::system::result<policy::DecisionKey, KeyError> keyFrom(const json::object&
       return KeyError{"params.target: contains control characters"};
     }
   }
+  if (rule == TargetRule::anyText) return key;
   if (key.action == policy::kActionFetch) {
     if (auto why = policy::whyNotCanonicalOrigin(key.target)) {
       return KeyError{
@@ -277,7 +284,7 @@ void registerPolicyMethods(MethodTable& methods, PolicyServices services) {
       schema(R"({"type":"object","required":["revoked"]})"),
       [&decisions, &audit, &disk](CallContext& context,
                                   json::object params) -> asio::awaitable<MethodResult> {
-        auto key = keyFrom(params);
+        auto key = keyFrom(params, TargetRule::anyText);
         if (!key) co_return invalidParams(key.error().detail);
         auto revoked = co_await disk.run([&] { return decisions.revoke(*key); });
         if (!revoked) co_return storageFailure(decisions, revoked.error());

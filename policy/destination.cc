@@ -415,17 +415,19 @@ std::string quoted(std::string_view text) {
 DestinationError invalidUrl(std::string_view url, std::string_view why) {
   return {DestinationErrc::invalidUrl,
           quoted(url) + " is not a valid URL: " + std::string(why) +
-              ". Pass an absolute URL such as https://example.com/path."};
+              ". Pass an absolute URL such as https://example.com/path.",
+          std::string(why)};
 }
 
 DestinationError blocked(std::string_view host, std::string_view why, bool address) {
-  std::string message = std::string(host) + " is " + std::string(why) +
-                        ": fetch reaches only public hosts. Use a public https: URL";
+  std::string reason = std::string(host) + " is " + std::string(why);
+  std::string message = reason + ": fetch reaches only public hosts. Use a public https: URL";
   // Only addresses can be opened; a name is refused whatever it resolves to.
   message += address ? " (an operator can open private address ranges with [fetch] "
                        "allow_private)."
                      : ".";
-  return {DestinationErrc::destinationBlocked, std::move(message)};
+  return {DestinationErrc::destinationBlocked, std::move(message),
+          reason + (address ? "" : ", which fetch never reaches")};
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -658,7 +660,8 @@ DestinationResult parseDestination(std::string_view url, const AddressRules& rul
   if (scheme != "https") {
     return DestinationError{DestinationErrc::schemeNotAllowed,
                             "only https: URLs can be fetched, not " + quoted(scheme + ":") +
-                                " URLs. Use an https:// URL."};
+                                " URLs. Use an https:// URL.",
+                            "only https: is allowed"};
   }
 
   // Authority: after "//", up to the first '/', '?', '#' (or '\', which browsers read as '/').
@@ -675,7 +678,8 @@ DestinationResult parseDestination(std::string_view url, const AddressRules& rul
     return DestinationError{DestinationErrc::credentialsInUrl,
                             "URLs must not carry a user name or password (the part before '@' in " +
                                 quoted(authority) +
-                                "). Remove it; fetch sends no credentials taken from URLs."};
+                                "). Remove it; fetch sends no credentials taken from URLs.",
+                            "it carries a user name or password (a part before '@')"};
   }
 
   // Host and port are split here, not by Boost.URL: 1.81 reads "127.0.0.1.nip.io" as the IPv4
@@ -826,7 +830,7 @@ std::optional<std::string> whyNotCanonicalOrigin(std::string_view text) {
   // Every range opened: only the form is judged here, not the operator's current ranges.
   static const AddressRules everyRange({*parseCidr("0.0.0.0/0"), *parseCidr("::/0")});
   auto destination = parseDestination(text, everyRange);
-  if (!destination) return destination.error().message;
+  if (!destination) return destination.error().reason;
   if (destination->origin != text) {
     return "it is not written as an origin; write " + destination->origin;
   }

@@ -108,6 +108,9 @@ std::string_view errorCode(DestinationErrc code);
 struct DestinationError {
   DestinationErrc code;
   std::string message;  // says what is wrong and what to do instead
+  // What is wrong, without any of the URL as given (which may carry a password or a query):
+  // for messages that outlive the request, such as the daemon's log.
+  std::string reason;
 };
 [[noreturn]] void throw_exception_from_error(const DestinationError& e,
                                              const boost::source_location& loc);
@@ -139,9 +142,9 @@ boost::system::result<Destination, DestinationError> parseDestination(std::strin
 
 // Whether `text` is an origin exactly as parseDestination() writes Destination::origin, the form
 // manifests, decisions and secret grants must name for a fetch ever to match them: nullopt when
-// it is, else why not (with the form to write instead when there is one). Literal addresses of
-// every range pass, since the operator may open any ([fetch] allow_private); names that are
-// always blocked (localhost, ...) and hosts written in another form (https://127.1,
+// it is, else why not (with the form to write instead when there is one), never quoting `text`.
+// Literal addresses of every range pass, since the operator may open any ([fetch] allow_private);
+// names that are always blocked (localhost, ...) and hosts written in another form (https://127.1,
 // https://A.example, a trailing dot, an explicit :443) do not.
 std::optional<std::string> whyNotCanonicalOrigin(std::string_view text);
 

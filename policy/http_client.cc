@@ -48,11 +48,12 @@ namespace {
 
 // Interim (1xx) responses read before the final one; more is a misbehaving server.
 constexpr int kMaxInterimResponses = 8;
-// What the read buffer may hold beyond a whole header: the parser takes body bytes out as they
-// come, so only framing waits here (a chunk-size line with its extensions, the trailer), and
-// none of it counts against the body's limits. Without this bound a server could send one
-// endless chunk extension and fill the daemon's memory until the timeout.
-constexpr std::size_t kMaxFramingBytes = 64 * 1024;
+// The read buffer: a whole header, and room beyond it. Once the header is parsed the parser
+// takes body bytes out as they come, so then only framing waits here (a chunk-size line with its
+// extensions, the trailer), up to the whole buffer, and none of it counts against the body's
+// limits. Without this bound a server could send one endless chunk extension and fill the
+// daemon's memory until the timeout.
+constexpr std::size_t kReadBufferBytes = kMaxResponseHeaderBytes + 64 * 1024;
 // How long a successful exchange waits for the server's close_notify. Most servers send it with
 // the last byte (we asked for Connection: close); one that does not costs at most this.
 constexpr std::chrono::milliseconds kShutdownGrace{500};
@@ -637,7 +638,7 @@ asio::awaitable<FetchResult> HttpClient::exchange(HttpRequest request, FetchLimi
   if (cancelled()) co_return cancelledError(destination);
   if (writeError) co_return exchangeError(writeError, destination, limits, "sending the request");
 
-  beast::flat_buffer buffer(kMaxResponseHeaderBytes + kMaxFramingBytes);
+  beast::flat_buffer buffer(kReadBufferBytes);
   auto share = std::make_shared<BufferedShare>(buffered_, std::move(ownerPool));
   auto grow = [&](std::size_t total) {
     return share->growTo(total, limits.maxBufferedBytes, limits.maxOwnerBufferedBytes);
@@ -678,7 +679,7 @@ asio::awaitable<FetchResult> HttpClient::exchange(HttpRequest request, FetchLimi
                            "The response from " + destination.origin +
                                " has chunked-encoding framing (a chunk-size line with its "
                                "extensions, or the trailer) longer than the limit of " +
-                               bytes(kMaxFramingBytes) + "."};
+                               bytes(kReadBufferBytes) + "."};
     }
     if (readError) co_return exchangeError(readError, destination, limits, "reading the response");
     const unsigned status = parser.get().result_int();

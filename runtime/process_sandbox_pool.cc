@@ -321,6 +321,7 @@ struct ProcessSandboxPool::Impl : std::enable_shared_from_this<ProcessSandboxPoo
     std::shared_ptr<Process> process;
     std::deque<Clock::time_point> ends;  // unexpected ends within the restart window
     std::string startError;              // why the last start failed, until one succeeds
+    Clock::time_point startErrorAt;
   };
   mutable std::mutex mutex;
   // --- Under mutex. ---
@@ -448,10 +449,10 @@ void Process::applySandboxChanges(const json::object& changes) {
     reported(known);
   }
   for (const auto& revision : removed) sandboxes.erase(revision);
-  // A host retains at most maxRetained sandboxes, plus one row for each revision with calls
-  // admitted (at most maxQueuedTotal, all busy, none evictable); one that reports far more is
-  // not one to believe, and the daemon's copy must not grow with it.
-  if (sandboxes.size() > impl->config.maxRetained + impl->config.maxQueuedTotal + 1024) {
+  // A host retains at most maxRetained idle sandboxes, plus one busy row (not evictable) for
+  // each revision with calls there, which are among the calls this daemon sent it; one that
+  // reports far more is not one to believe, and the daemon's copy must not grow with it.
+  if (sandboxes.size() > impl->config.maxRetained + calls.size() + 1024) {
     throw ipc::ProtocolError("the host reports " + std::to_string(sandboxes.size()) +
                              " retained sandboxes");
   }
@@ -569,6 +570,7 @@ void ProcessSandboxPool::Impl::submit(json::object message, registry::ToolRevisi
             } catch (const std::exception& e) {
               spdlog::error("runtime: cannot start a sandbox process: {}", e.what());
               slots[slot].startError = e.what();
+              slots[slot].startErrorAt = Clock::now();
               refused =
                   CallError{CallErrc::sandboxCrashed,
                             std::string("the sandbox process could not be started: ") + e.what(),
@@ -1320,7 +1322,10 @@ std::vector<ProcessSandboxPool::SlotHealth> ProcessSandboxPool::health() const {
       auto oldest = slot.ends.end() - static_cast<std::ptrdiff_t>(health.recentEnds);
       health.failingForMs = std::max<std::int64_t>(1, millisBetween(now, *oldest + window));
     }
-    health.startError = slot.startError;
+    // A failed start counts while it is recent (the next call for the slot tries again).
+    if (!slot.startError.empty() && now - slot.startErrorAt < window) {
+      health.startError = slot.startError;
+    }
     out.push_back(std::move(health));
   }
   return out;

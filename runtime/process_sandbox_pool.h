@@ -99,7 +99,9 @@ class ProcessSandboxPool final : public ToolRunner {
     int pid = 0;                    // 0 while none runs (never started, ended, or starting)
     std::size_t recentEnds = 0;     // unexpected ends within the restart window
     std::int64_t failingForMs = 0;  // > 0: calls for it fail fast (max_restarts) for this long
-    std::string startError;         // why the last start failed; empty once one succeeded
+    // Why the last start failed, while that is within the restart window and no start has
+    // succeeded since.
+    std::string startError;
   };
   std::vector<SlotHealth> health() const;
 

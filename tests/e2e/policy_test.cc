@@ -218,6 +218,14 @@ TEST_CASE("the manifest ceiling refuses without a prompt, no approver denies at 
   CHECK(errorCode(admin.call("policy.check", key(rev, "https://API.example"))) == -32602);
   CHECK(errorCode(admin.call("policy.check", key(rev, "https://api.example/path"))) == -32602);
   CHECK(errorCode(admin.call("policy.check", key(std::string(50, 'x')))) == -32602);
+  // A refused target is never echoed (it may carry a password), but the form to write is named.
+  auto withPassword = admin.call("policy.check", key(rev, "https://bot:hunter2@api.example"));
+  CHECK(errorCode(withPassword) == -32602);
+  CHECK(toolhost::protocol::writeJson(withPassword).find("hunter2") == std::string::npos);
+  auto shorthand = admin.call("policy.check", key(rev, "https://127.1:8443"));
+  CHECK(errorCode(shorthand) == -32602);
+  CHECK(toolhost::protocol::writeJson(shorthand).find("write https://127.0.0.1:8443") !=
+        std::string::npos);
   CHECK(errorCode(admin.call("policy.check",
                              key("sha256:AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"))) == -32001);
   // Only subscribers answer.
@@ -369,6 +377,8 @@ TEST_CASE("policy.set, list, revoke, reset and audit.tail", "[e2e][policy]") {
   // Revoke: the next request asks again.
   CHECK(resultOf(admin.call("policy.revoke", key(rev))).at("revoked") == true);
   CHECK(resultOf(admin.call("policy.revoke", key(rev))).at("revoked") == false);
+  // A target set may not name can still be revoked: one stored before the origin rules tightened.
+  CHECK(resultOf(admin.call("policy.revoke", key(rev, "https://127.1"))).at("revoked") == false);
   CHECK(checkAnswered(admin, approver, key(rev), "deny", "once").at("verdict") == "deny");
 
   // Reset one revision, then everything.

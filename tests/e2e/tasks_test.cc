@@ -590,7 +590,6 @@ TEST_CASE("the answers a client has not read stay bounded: the excess is output-
   auto answers = client.readJson(std::chrono::seconds(60)).as_array();
   REQUIRE(answers.size() == 100);
   std::size_t read = 0;
-  std::size_t refused = 0;
   for (const auto& answer : answers) {
     if (answer.as_object().contains("result")) {
       ++read;
@@ -601,11 +600,9 @@ TEST_CASE("the answers a client has not read stay bounded: the excess is output-
     CHECK(error.at("data").at("kind") == "output-too-large");
     CHECK_THAT(str(error.at("data").at("detail")),
                Catch::Contains("this connection already holds"));
-    ++refused;
   }
   CHECK(read >= 50);
   CHECK(read <= 68);  // 64 MiB of answers of 1 MB
-  CHECK(refused > 0);
   // Once read, the next answers go in full.
   auto again = client.call("tasks.get", json::object{{"id", id}});
   CHECK(again.contains("result"));

@@ -1,6 +1,7 @@
 // The registry against a real LMDB store in a temporary directory.
 #include "registry/registry.h"
 
+#include "policy/destination.h"
 #include "protocol/content_hash.h"
 #include "protocol/json_text.h"
 #include "registry/manifest.h"
@@ -486,6 +487,13 @@ TEST_CASE("manifest refusals name the field and the reason", "[registry]") {
       {"fetch",
        json::array{json::object{{"origin", "https://127.1"}, {"access", json::array{"read"}}}}}};
   refused(m, "write https://127.0.0.1");
+  // The refusal never quotes what was given: it may carry a password.
+  auto why = toolhost::policy::whyNotCanonicalOrigin("https://bot:hunter2@api.example");
+  REQUIRE(why.has_value());
+  CHECK(why->find("hunter2") == std::string::npos);
+  why = toolhost::policy::whyNotCanonicalOrigin("https://api.example:99999/?key=sk-SECRET");
+  REQUIRE(why.has_value());
+  CHECK(why->find("sk-SECRET") == std::string::npos);
 
   m = manifest();
   m["capabilities"] = json::parse(R"({"fetch":[{"origin":"https://a.example","access":["delete"]}]})");
@@ -652,4 +660,27 @@ TEST_CASE("an over-long array against uniqueItems fails at maxItems without comp
   REQUIRE(repeated);
   CHECK_THAT(repeated->reason, Catch::Contains("unique"));
   CHECK_FALSE(schema->validate(json::parse(R"({"tags":["a","b"]})")));
+}
+
+TEST_CASE("a manifest stored before a rule tightened installs again as stored", "[registry]") {
+  TempStore temp;
+  Registry registry(*temp.store);
+  auto old = manifest();
+  old["capabilities"] = json::object{
+      {"fetch",
+       json::array{json::object{{"origin", "https://127.1"}, {"access", json::array{"read"}}}}}};
+  REQUIRE_FALSE(registry.install(old).has_value());  // refused as new
+  // As an earlier version stored it.
+  const std::string canonical = *toolhost::protocol::canonicalJson(old);
+  const std::string revision = toolhost::protocol::contentHashOfCanonical(
+      toolhost::protocol::domain::kToolManifest, canonical);
+  REQUIRE(temp.store->write([&](toolhost::store::WriteTxn& txn) -> boost::system::result<void> {
+    txn.put(temp.store->table("tool_manifests"), revision, canonical);
+    return {};
+  }));
+  auto again = registry.install(old);
+  REQUIRE(again.has_value());
+  CHECK(again->revision == revision);
+  CHECK_FALSE(again->created);
+  CHECK(again->name == "weather-lookup");
 }

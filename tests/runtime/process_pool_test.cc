@@ -540,6 +540,7 @@ TEST_CASE("a cancel of a call waiting for a worker is answered at once, and its 
                    [&](std::exception_ptr, CallOutcome) { ++spinsEnded; });
   }
   std::thread caller([&] { io.run(); });
+  StopAndJoin stopAndJoin{io, caller};
   // Both workers spin (their sandboxes show busy), then the quick call comes.
   REQUIRE(waitFor([&] {
     const auto listed = f.pool->list();
@@ -1196,6 +1197,7 @@ TEST_CASE("many revisions with calls waiting are believed, not taken for a broke
   asio::co_spawn(io, f.pool->call(spin, {}, {}),
                  [&](std::exception_ptr, CallOutcome outcome) { spun = std::move(outcome); });
   std::thread caller([&] { io.run(); });
+  StopAndJoin stopAndJoin{io, caller};
   REQUIRE(waitFor([&] { return !f.pool->list().empty() && f.pool->list().front().busy; }));
   const int pid = f.pid();
   constexpr int kWaiting = 1040;

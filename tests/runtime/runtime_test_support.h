@@ -126,6 +126,17 @@ class FakeHost : public CapabilityHost {
 
 // A small pool for tests: short defaults so a runaway tool ends quickly.
 // Polls `predicate` until it holds (true) or `timeout` passes (false).
+// Stops an io_context and joins the thread running it when the scope ends, also when a REQUIRE
+// throws (a joinable std::thread destroyed would end the whole test binary).
+struct StopAndJoin {
+  boost::asio::io_context& io;
+  std::thread& thread;
+  ~StopAndJoin() {
+    io.stop();
+    if (thread.joinable()) thread.join();
+  }
+};
+
 template <typename Predicate>
 bool waitFor(Predicate predicate,
              std::chrono::milliseconds timeout = std::chrono::milliseconds(15000)) {

@@ -800,6 +800,7 @@ TEST_CASE("a terminate with calls waiting keeps them in order on one fresh sandb
     auto work = boost::asio::make_work_guard(io);
     io.run_for(std::chrono::seconds(20));
   });
+  StopAndJoin stopAndJoin{io, runner};
   REQUIRE(waitFor([&] {
     const auto listed = f.pool.list();
     return !listed.empty() && listed.front().busy;

@@ -316,12 +316,22 @@ asio::awaitable<void> Server::shutdown(std::chrono::milliseconds grace) {
   asio::steady_timer timer(co_await asio::this_coro::executor);
   auto deadline = std::chrono::steady_clock::now() + grace;
   bool aborted = false;
+  bool dropped = false;
   for (;;) {
     if (connectionCount() == 0) break;
     if (aborted && std::chrono::steady_clock::now() >= deadline + std::chrono::seconds(2)) {
       spdlog::error("{} connection(s) did not end after being cancelled; exiting anyway",
                     connectionCount());
       break;
+    }
+    // A second after the cancels, answers a client has not read are dropped with it.
+    if (aborted && !dropped &&
+        std::chrono::steady_clock::now() >= deadline + std::chrono::seconds(1)) {
+      dropped = true;
+      std::lock_guard lock(mutex_);
+      for (auto& [id, weak] : sessions_) {
+        if (auto session = weak.lock()) session->drop();
+      }
     }
     if (!aborted && std::chrono::steady_clock::now() >= deadline) {
       aborted = true;

@@ -530,8 +530,19 @@ void Session::beginShutdown() {
   });
 }
 
-void Session::abort() {
+void Session::drop() {
   asio::post(socket_.get_executor(), [self = shared_from_this()]() { self->peerGone(); });
+}
+
+void Session::abort() {
+  // Every request still running is cancelled and answered as such (-32009): the client learns
+  // what became of it. The connection ends once those answers are written; one whose client
+  // does not read them is left to the process's exit.
+  asio::post(socket_.get_executor(), [self = shared_from_this()]() {
+    self->stopReading_ = true;
+    self->cancelAll();
+    self->wake();
+  });
 }
 
 }  // namespace toolhost::daemon

@@ -45,8 +45,11 @@ class Session : public std::enable_shared_from_this<Session> {
   // Stops reading new requests; the connection closes once those in flight are answered.
   // Thread-safe.
   void beginShutdown();
-  // Cancels everything in flight and closes now. Thread-safe.
+  // Cancels everything in flight; the connection closes once their answers (-32009) are
+  // written. Thread-safe.
   void abort();
+  // Closes now, dropping answers not yet written (a client that does not read). Thread-safe.
+  void drop();
   // Runs `hook` once the connection has closed (or at once if it already has). Call on the
   // session's strand, e.g. from a method handler. A hook must not hold the Session.
   void onClose(std::function<void()> hook);

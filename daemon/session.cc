@@ -184,12 +184,25 @@ asio::awaitable<void> Session::readLoop() {
       }
       auto decoded = protocol::decodeMessage(line, limits_);
       const std::size_t slots = slotsFor(decoded);
+      // Backpressure: nothing more is served until answers are written, except cancel
+      // notifications (they take no slot and get no answer), so that a client can still stop
+      // what it waits for.
+      bool parkedCancelled = false;
+      bool eofSeen = false;
       while (!roomFor(slots) && !stopReading_ && !peerGone_) {
+        if (serveCancelNotifications(decoded)) {
+          parkedCancelled = true;
+          break;
+        }
         watchHangup();
-        co_await waitForWake();  // backpressure: nothing more is read until answers are written
+        if (!eofSeen) watchReadable();
+        co_await waitForWake();
+        if (readableFired_) eofSeen = !readAvailable();
       }
       stopWatchingHangup();
+      stopWatchingReadable();
       if (stopReading_ || peerGone_) co_return;
+      if (parkedCancelled) continue;
       handle(std::move(decoded), slots);
     }
     if (stopReading_ || peerGone_) co_return;
@@ -253,6 +266,76 @@ void Session::stopWatchingHangup() {
   // The wait would keep every later read from completing at once (Asio reads speculatively only
   // while no such wait is queued).
   if (watchingHangup_) hangupWatch_.emit(asio::cancellation_type::total);
+}
+
+bool Session::serveCancelNotifications(const Decoded& parked) {
+  const protocol::Request* parkedRequest =
+      parked && !parked->batch ? std::get_if<protocol::Request>(&parked->entries.front()) : nullptr;
+  std::string_view next;
+  while (framer_.peek(next) == protocol::LineFramer::Status::line) {
+    auto decoded = protocol::decodeMessage(next, limits_);
+    const protocol::Request* cancel =
+        decoded && !decoded->batch ? std::get_if<protocol::Request>(&decoded->entries.front())
+                                   : nullptr;
+    if (cancel == nullptr || cancel->method != "$/cancelRequest" || cancel->id) return false;
+    framer_.skip();
+    const json::value* target =
+        cancel->params.is_object() ? cancel->params.as_object().if_contains("id") : nullptr;
+    if (target != nullptr && (target->is_string() || target->is_number()) &&
+        parkedRequest != nullptr && parkedRequest->id &&
+        idText(*parkedRequest->id) == idText(*target)) {
+      // The parked request never started: it is answered as cancelled, taking the slot its
+      // answer needs past the limit (one answer, once).
+      spdlog::debug("conn={} $/cancelRequest {}: cancelled before it was served", id_,
+                    idText(*target));
+      ++inFlight_;
+      enqueue(answerLine(protocol::errorResponse(
+                  *parkedRequest->id,
+                  protocol::makeError(app_error::kCancelled, "cancelled",
+                                      "the request was cancelled before it was served"))),
+              1);
+      return true;
+    }
+    handle(std::move(decoded), 1);  // a notification: its slot is released at once
+  }
+  return false;
+}
+
+void Session::watchReadable() {
+  std::string_view next;
+  // Only while no other line waits here: what is read then is bounded by one line's limit.
+  if (watchingReadable_ || peerGone_ || !socket_.is_open() ||
+      framer_.peek(next) != protocol::LineFramer::Status::needMore) {
+    return;
+  }
+  watchingReadable_ = true;
+  readableFired_ = false;
+  socket_.async_wait(
+      Socket::wait_read,
+      asio::bind_cancellation_slot(readableWatch_.slot(),
+                                   [self = shared_from_this()](boost::system::error_code ec) {
+                                     self->watchingReadable_ = false;
+                                     if (ec) return;
+                                     self->readableFired_ = true;
+                                     self->wake();
+                                   }));
+}
+
+void Session::stopWatchingReadable() {
+  // As for the hang-up watch: a queued wait would keep the read loop's reads from completing
+  // at once.
+  if (watchingReadable_) readableWatch_.emit(asio::cancellation_type::total);
+}
+
+bool Session::readAvailable() {
+  readableFired_ = false;
+  boost::system::error_code ec;
+  const std::size_t available = socket_.available(ec);
+  if (ec || available == 0) return false;
+  auto space = framer_.prepare(std::min(available, kReadChunk));
+  const std::size_t n = socket_.read_some(asio::buffer(space.data(), space.size()), ec);
+  framer_.commit(ec ? 0 : n);
+  return !ec;
 }
 
 bool Session::peerHungUp() const {

@@ -129,6 +129,16 @@ class Session : public std::enable_shared_from_this<Session> {
   // unseen until a write failed: these watch for it meanwhile (epoll's HUP, no read).
   void watchHangup();
   void stopWatchingHangup();
+  // Under backpressure, cancel notifications still get through: serves those buffered right
+  // after the parked message, up to the first line that is anything else; true when one
+  // cancelled the parked message itself, which has then been answered. The socket is watched
+  // for more of them only while no such other line is buffered, so that nothing piles up.
+  bool serveCancelNotifications(const Decoded& parked);
+  void watchReadable();
+  void stopWatchingReadable();
+  // Reads what the socket holds now, without waiting; false when it was readable with nothing to
+  // read (the client's EOF: the read loop finds it once there is room).
+  bool readAvailable();
   void runCloseHooks();
 
   Socket socket_;
@@ -145,6 +155,9 @@ class Session : public std::enable_shared_from_this<Session> {
   bool writing_ = false;
   bool watchingHangup_ = false;
   boost::asio::cancellation_signal hangupWatch_;
+  bool watchingReadable_ = false;
+  bool readableFired_ = false;
+  boost::asio::cancellation_signal readableWatch_;
   boost::asio::steady_timer wake_;       // reader/drain waiting for a slot or the queue
   boost::asio::steady_timer writeWake_;  // writer waiting for output
   std::deque<Outgoing> queue_;

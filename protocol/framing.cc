@@ -62,4 +62,22 @@ LineFramer::Status LineFramer::next(std::string_view& line) {
   }
 }
 
+LineFramer::Status LineFramer::peek(std::string_view& line) {
+  const std::size_t start = start_;
+  const Status status = next(line);
+  // needMore consumed nothing (and may have reset an empty buffer); the others may have passed
+  // a line, which stays for next().
+  if (status != Status::needMore) {
+    peekedEnd_ = start_;
+    start_ = start;
+    scanned_ = 0;
+  }
+  return status;
+}
+
+void LineFramer::skip() {
+  start_ = peekedEnd_;
+  scanned_ = 0;
+}
+
 }  // namespace toolhost::protocol

@@ -26,6 +26,9 @@ class LineFramer {
   };
   // Blank lines are skipped. The view stays valid until the next call to any member.
   Status next(std::string_view& line);
+  // As next(), but a line returned stays: next() returns it again, unless skip() drops it first.
+  Status peek(std::string_view& line);
+  void skip();  // drops the line the last peek() returned
 
   std::size_t maxLineBytes() const { return maxLineBytes_; }
   std::size_t buffered() const { return end_ - start_; }
@@ -41,6 +44,7 @@ class LineFramer {
   std::size_t end_ = 0;
   std::size_t start_ = 0;    // first byte not yet returned
   std::size_t scanned_ = 0;  // bytes after start_ already known to hold no newline
+  std::size_t peekedEnd_ = 0;  // where start_ goes on skip()
 };
 
 }  // namespace toolhost::protocol

@@ -428,3 +428,41 @@ TEST_CASE("requests in flight are bounded per connection", "[e2e][limits]") {
   }
   CHECK(std::chrono::steady_clock::now() - started >= std::chrono::milliseconds(450));
 }
+
+TEST_CASE("cancel notifications get through while max_in_flight holds the rest back",
+          "[e2e][limits]") {
+  DaemonOptions options;
+  options.configToml = "[limits]\nmax_in_flight = 2\n";
+  auto daemon = DaemonProcess::start(options);
+  RawClient client(daemon->socket());
+  auto slow = [](int id) {
+    return R"({"jsonrpc":"2.0","method":"ping","params":{"delayMs":60000},"id":)" +
+           std::to_string(id) + "}\n";
+  };
+  auto cancel = [](int id) {
+    return R"({"jsonrpc":"2.0","method":"$/cancelRequest","params":{"id":)" + std::to_string(id) +
+           "}}\n";
+  };
+  // 1 and 2 run; 3 waits for a slot, so nothing after it is served...
+  client.send(slow(1) + slow(2) + slow(3));
+  // ...but cancels are: the one waiting, then those running (sent in two writes, the second
+  // read while the connection is full).
+  client.send(cancel(3));
+  auto first = client.readJson(std::chrono::seconds(10));
+  CHECK(first.at("id") == 3);
+  CHECK(first.at("error").at("code") == -32009);
+  CHECK_THAT(std::string(first.at("error").at("data").at("detail").as_string()),
+             Catch::Contains("before it was served"));
+  client.send(cancel(1) + cancel(2));
+  std::set<std::int64_t> ids;
+  for (int i = 0; i < 2; ++i) {
+    auto answer = client.readJson(std::chrono::seconds(10));
+    CHECK(answer.at("error").at("code") == -32009);
+    ids.insert(answer.at("id").as_int64());
+  }
+  CHECK(ids == std::set<std::int64_t>{1, 2});
+  // Then the connection serves as before.
+  client.send(R"({"jsonrpc":"2.0","method":"ping","id":4})"
+              "\n");
+  CHECK(client.readJson().at("id") == 4);
+}

@@ -104,3 +104,28 @@ TEST_CASE("the buffer never grows beyond one line and one read", "[framing]") {
     CHECK(framer.buffered() == 0);
   }
 }
+
+TEST_CASE("peek leaves the line for next, skip drops it", "[framing]") {
+  LineFramer framer(64);
+  framer.append("\none\ntwo\nthr");
+  std::string_view line;
+  REQUIRE(framer.peek(line) == LineFramer::Status::line);
+  CHECK(line == "one");
+  REQUIRE(framer.peek(line) == LineFramer::Status::line);
+  CHECK(line == "one");
+  framer.skip();
+  REQUIRE(framer.peek(line) == LineFramer::Status::line);
+  CHECK(line == "two");
+  REQUIRE(framer.next(line) == LineFramer::Status::line);
+  CHECK(line == "two");
+  CHECK(framer.peek(line) == LineFramer::Status::needMore);
+  framer.append("ee\n");
+  REQUIRE(framer.next(line) == LineFramer::Status::line);
+  CHECK(line == "three");
+  CHECK(framer.peek(line) == LineFramer::Status::needMore);
+  CHECK(framer.buffered() == 0);
+  // A line past the limit is reported by peek and by next alike.
+  framer.append(std::string(100, 'x') + "\n");
+  CHECK(framer.peek(line) == LineFramer::Status::tooLong);
+  CHECK(framer.next(line) == LineFramer::Status::tooLong);
+}

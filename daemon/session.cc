@@ -26,6 +26,8 @@ constexpr std::size_t kMaxQueuedNotificationBytes = 64 * 1024 * 1024;
 // Beyond this many bytes of answers not yet written, nothing more is read from the client (the
 // answers of what is in flight still queue: at most max_in_flight of them).
 constexpr std::size_t kMaxQueuedAnswerBytes = 8 * 1024 * 1024;
+// Cancel notifications read under backpressure that must wait for the request held back.
+constexpr std::size_t kMaxDeferredCancels = 256;
 // Answers held, encoded and not yet read by their client, per connection and for the whole
 // daemon: an answer that would pass either is replaced by an output-too-large error (answers up
 // to kAlwaysAnsweredBytes always go, so that every client makes progress).
@@ -183,12 +185,18 @@ asio::awaitable<void> Session::readLoop() {
         co_return;
       }
       auto decoded = protocol::decodeMessage(line, limits_);
+      // A cancel notification takes no slot and gets no answer: served even when the connection
+      // is full, so that a client can still stop what it waits for.
+      if (isCancelNotification(decoded)) {
+        handle(std::move(decoded), 1);  // its slot is released at once
+        continue;
+      }
       const std::size_t slots = slotsFor(decoded);
-      // Backpressure: nothing more is served until answers are written, except cancel
-      // notifications (they take no slot and get no answer), so that a client can still stop
-      // what it waits for.
+      // Backpressure: nothing more is served until answers are written, except the cancel
+      // notifications that follow.
       bool parkedCancelled = false;
       bool eofSeen = false;
+      notCancelAt_ = std::string::npos;
       while (!roomFor(slots) && !stopReading_ && !peerGone_) {
         if (serveCancelNotifications(decoded)) {
           parkedCancelled = true;
@@ -202,8 +210,11 @@ asio::awaitable<void> Session::readLoop() {
       stopWatchingHangup();
       stopWatchingReadable();
       if (stopReading_ || peerGone_) co_return;
-      if (parkedCancelled) continue;
-      handle(std::move(decoded), slots);
+      if (!parkedCancelled) handle(std::move(decoded), slots);
+      // Cancels that named what was not running yet, read while it waited.
+      auto deferred = std::move(deferredCancels_);
+      deferredCancels_.clear();
+      for (auto& cancel : deferred) handle(std::move(cancel), 1);
     }
     if (stopReading_ || peerGone_) co_return;
     auto space = framer_.prepare(kReadChunk);
@@ -220,11 +231,11 @@ asio::awaitable<void> Session::readLoop() {
           while (framer_.next(last) == protocol::LineFramer::Status::line) {
             auto decoded = protocol::decodeMessage(last, limits_);
             const std::size_t slots = slotsFor(decoded);
-            while (!roomFor(slots) && !peerGone_) {
+            while (!roomFor(slots) && !peerGone_ && !aborted_) {
               watchHangup();
               co_await waitForWake();
             }
-            if (peerGone_) break;
+            if (peerGone_ || aborted_) break;
             handle(std::move(decoded), slots);
           }
         }
@@ -268,24 +279,49 @@ void Session::stopWatchingHangup() {
   if (watchingHangup_) hangupWatch_.emit(asio::cancellation_type::total);
 }
 
+bool Session::isCancelNotification(const Decoded& decoded) {
+  if (!decoded || decoded->batch) return false;
+  const auto* request = std::get_if<protocol::Request>(&decoded->entries.front());
+  return request != nullptr && request->method == "$/cancelRequest" && !request->id;
+}
+
 bool Session::serveCancelNotifications(const Decoded& parked) {
+  // Nothing new since the line after the parked one was found to be something else.
+  if (framer_.buffered() == notCancelAt_) return false;
   const protocol::Request* parkedRequest =
       parked && !parked->batch ? std::get_if<protocol::Request>(&parked->entries.front()) : nullptr;
   std::string_view next;
   while (framer_.peek(next) == protocol::LineFramer::Status::line) {
     auto decoded = protocol::decodeMessage(next, limits_);
-    const protocol::Request* cancel =
-        decoded && !decoded->batch ? std::get_if<protocol::Request>(&decoded->entries.front())
-                                   : nullptr;
-    if (cancel == nullptr || cancel->method != "$/cancelRequest" || cancel->id) return false;
+    const json::value* target = nullptr;
+    if (isCancelNotification(decoded)) {
+      const auto& params = std::get<protocol::Request>(decoded->entries.front()).params;
+      target = params.is_object() ? params.as_object().if_contains("id") : nullptr;
+    }
+    const bool valid = target != nullptr && (target->is_string() || target->is_number());
+    const bool namesParked = valid && parkedRequest != nullptr && parkedRequest->id &&
+                             idText(*parkedRequest->id) == idText(*target);
+    const bool namesRunning = valid && requestKeysById_.count(idText(*target)) > 0;
+    // Anything else waits its turn, in order: a cancel naming what is not running yet (an
+    // entry of a parked batch, a request still to come) must come after it; an answer to the
+    // parked request past the limits waits for room (at most one answer goes over them).
+    const bool roomForAnswer =
+        inFlight_ <= limits_.maxInFlight && queuedBytes_ <= kMaxQueuedAnswerBytes;
+    if (valid && !namesRunning && !namesParked && deferredCancels_.size() < kMaxDeferredCancels) {
+      // Names what is not running yet (an entry of a parked batch): served right after the
+      // parked message, in order; the cancels behind it still go ahead.
+      framer_.skip();
+      deferredCancels_.push_back(std::move(decoded));
+      continue;
+    }
+    if (!(namesRunning || (namesParked && roomForAnswer))) {
+      notCancelAt_ = framer_.buffered();
+      return false;
+    }
     framer_.skip();
-    const json::value* target =
-        cancel->params.is_object() ? cancel->params.as_object().if_contains("id") : nullptr;
-    if (target != nullptr && (target->is_string() || target->is_number()) &&
-        parkedRequest != nullptr && parkedRequest->id &&
-        idText(*parkedRequest->id) == idText(*target)) {
+    if (namesParked) {
       // The parked request never started: it is answered as cancelled, taking the slot its
-      // answer needs past the limit (one answer, once).
+      // answer needs past the limit. Running requests with the same id are cancelled too.
       spdlog::debug("conn={} $/cancelRequest {}: cancelled before it was served", id_,
                     idText(*target));
       ++inFlight_;
@@ -294,6 +330,7 @@ bool Session::serveCancelNotifications(const Decoded& parked) {
                   protocol::makeError(app_error::kCancelled, "cancelled",
                                       "the request was cancelled before it was served"))),
               1);
+      if (namesRunning) handle(std::move(decoded), 1);
       return true;
     }
     handle(std::move(decoded), 1);  // a notification: its slot is released at once
@@ -310,21 +347,27 @@ void Session::watchReadable() {
   }
   watchingReadable_ = true;
   readableFired_ = false;
-  socket_.async_wait(
-      Socket::wait_read,
-      asio::bind_cancellation_slot(readableWatch_.slot(),
-                                   [self = shared_from_this()](boost::system::error_code ec) {
-                                     self->watchingReadable_ = false;
-                                     if (ec) return;
-                                     self->readableFired_ = true;
-                                     self->wake();
-                                   }));
+  const std::uint64_t generation = ++readableGeneration_;
+  socket_.async_wait(Socket::wait_read,
+                     asio::bind_cancellation_slot(
+                         readableWatch_.slot(),
+                         [self = shared_from_this(), generation](boost::system::error_code ec) {
+                           // A wait stopped meanwhile (another may be queued already).
+                           if (generation != self->readableGeneration_) return;
+                           self->watchingReadable_ = false;
+                           if (ec) return;
+                           self->readableFired_ = true;
+                           self->wake();
+                         }));
 }
 
 void Session::stopWatchingReadable() {
   // As for the hang-up watch: a queued wait would keep the read loop's reads from completing
-  // at once.
-  if (watchingReadable_) readableWatch_.emit(asio::cancellation_type::total);
+  // at once. Its completion, if still to run, is stale from here.
+  if (!watchingReadable_) return;
+  watchingReadable_ = false;
+  ++readableGeneration_;
+  readableWatch_.emit(asio::cancellation_type::total);
 }
 
 bool Session::readAvailable() {
@@ -623,6 +666,9 @@ void Session::abort() {
   // does not read them is left to the process's exit.
   asio::post(socket_.get_executor(), [self = shared_from_this()]() {
     self->stopReading_ = true;
+    self->aborted_ = true;  // not even the last line after an EOF is served now
+    boost::system::error_code ignored;
+    self->socket_.shutdown(Socket::shutdown_receive, ignored);
     self->cancelAll();
     self->wake();
   });

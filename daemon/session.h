@@ -134,6 +134,7 @@ class Session : public std::enable_shared_from_this<Session> {
   // cancelled the parked message itself, which has then been answered. The socket is watched
   // for more of them only while no such other line is buffered, so that nothing piles up.
   bool serveCancelNotifications(const Decoded& parked);
+  static bool isCancelNotification(const Decoded& decoded);
   void watchReadable();
   void stopWatchingReadable();
   // Reads what the socket holds now, without waiting; false when it was readable with nothing to
@@ -157,6 +158,12 @@ class Session : public std::enable_shared_from_this<Session> {
   boost::asio::cancellation_signal hangupWatch_;
   bool watchingReadable_ = false;
   bool readableFired_ = false;
+  std::uint64_t readableGeneration_ = 0;
+  // framer_.buffered() when the line after the parked one was last found not to be a cancel
+  // that may go ahead of it (npos: not looked at since it was parked).
+  std::size_t notCancelAt_ = std::string::npos;
+  bool aborted_ = false;                  // the shutdown's grace ran out: nothing more is served
+  std::vector<Decoded> deferredCancels_;  // see serveCancelNotifications
   boost::asio::cancellation_signal readableWatch_;
   boost::asio::steady_timer wake_;       // reader/drain waiting for a slot or the queue
   boost::asio::steady_timer writeWake_;  // writer waiting for output

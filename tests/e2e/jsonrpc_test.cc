@@ -465,4 +465,33 @@ TEST_CASE("cancel notifications get through while max_in_flight holds the rest b
   client.send(R"({"jsonrpc":"2.0","method":"ping","id":4})"
               "\n");
   CHECK(client.readJson().at("id") == 4);
+
+  // Full with nothing held back: the cancel is the next line, and is served.
+  client.send(slow(5) + slow(6));
+  client.send(cancel(5));
+  auto fifth = client.readJson(std::chrono::seconds(10));
+  CHECK(fifth.at("id") == 5);
+  CHECK(fifth.at("error").at("code") == -32009);
+  client.send(cancel(6));
+  CHECK(client.readJson(std::chrono::seconds(10)).at("id") == 6);
+
+  // A batch held back: a cancel of its entry waits for it (and is applied once it runs), the
+  // cancels after it go ahead.
+  const std::string ninth = slow(9);
+  client.send(slow(7) + slow(8) + "[" + ninth.substr(0, ninth.size() - 1) + "]\n");
+  client.send(cancel(9) + cancel(7) + cancel(8));
+  std::set<std::string> answered;
+  for (int i = 0; i < 3; ++i) {
+    auto answer = client.readJson(std::chrono::seconds(10));
+    if (answer.is_array()) {
+      REQUIRE(answer.as_array().size() == 1);
+      CHECK(answer.as_array()[0].at("id") == 9);
+      CHECK(answer.as_array()[0].at("error").at("code") == -32009);
+      answered.insert("batch");
+    } else {
+      CHECK(answer.at("error").at("code") == -32009);
+      answered.insert(std::to_string(answer.at("id").as_int64()));
+    }
+  }
+  CHECK(answered == std::set<std::string>{"7", "8", "batch"});
 }

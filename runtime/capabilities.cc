@@ -348,7 +348,9 @@ void onDoor(const DoorArgs& info, v8::Local<v8::Value> epoch) {
     auto request = operationRequest<door>(context, sandbox, info);
     if (!request) {
       if (tryCatch.HasTerminated()) {
-        tryCatch.ReThrow();
+        // ReThrow would hand the tool a catchable `throw null` (what a terminated TryCatch
+        // holds): the termination is asked for again instead, and the tool's code stops.
+        isolate->TerminateExecution();
       } else if (tryCatch.HasCaught()) {
         resolver->Reject(context, tryCatch.Exception()).FromMaybe(false);
       }

@@ -104,6 +104,10 @@ Sandbox::Sandbox(registry::ToolRevisionPtr tool, SandboxSettings settings, Watch
   isolate_->SetAllowWasmCodeGenerationCallback(&refuseWasm);
   isolate_->SetModifyCodeGenerationFromStringsCallback(&refuseCodeGeneration);
   isolate_->SetOOMErrorHandler(&onOutOfMemory);
+  // Errors no TryCatch sees (one thrown in a FinalizationRegistry callback): without a listener
+  // V8 prints them to the process's stderr, which is the daemon's log. They go to the console
+  // output of the call running, if any, like anything else the tool says.
+  isolate_->AddMessageListenerWithErrorLevel(&Sandbox::uncaughtMessage, v8::Isolate::kMessageError);
 
   bool installed = false;
   {
@@ -149,6 +153,14 @@ Sandbox::~Sandbox() {
 void Sandbox::adopt(registry::ToolRevisionPtr tool) {
   if (tool_ || !tool) throw std::logic_error("a sandbox adopts exactly one revision");
   tool_ = std::move(tool);
+}
+
+void Sandbox::uncaughtMessage(v8::Local<v8::Message> message, v8::Local<v8::Value> /*error*/) {
+  v8::Isolate* isolate = message->GetIsolate();
+  Sandbox& sandbox = from(isolate);
+  if (sandbox.currentCall() == nullptr || isolate->IsExecutionTerminating()) return;
+  v8::HandleScope scope(isolate);
+  sandbox.appendLog("uncaught", toUtf8(isolate, message->Get(), kMaxErrorText));
 }
 
 Sandbox& Sandbox::from(v8::Isolate* isolate) {

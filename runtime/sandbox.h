@@ -90,6 +90,8 @@ class Sandbox {
 
   // --- For the capability callbacks (capabilities.cc), inside a segment. ---
   static Sandbox& from(v8::Isolate* isolate);
+  // Isolate message listener: an error nothing caught, into the running call's console output.
+  static void uncaughtMessage(v8::Local<v8::Message> message, v8::Local<v8::Value> error);
   // The running call, or nullptr.
   CallState* currentCall() { return call_.get(); }
   // Starts a host operation settling `resolver` with a reply of `kind`: `start` runs on the

@@ -80,31 +80,56 @@ void Watchdog::kill(std::uint64_t epoch, Kill reason) {
       fire(arm, reason);
       firedLocked(epoch, arm, now);
       arms_.erase(found);
+      wake = wakeForRepeatLocked(now);
     }
   }
   if (wake) wake_.notify_all();
 }
 
 void Watchdog::hold(std::uint64_t epoch, Clock::time_point until) {
-  std::lock_guard lock(mutex_);
-  if (auto found = arms_.find(epoch); found != arms_.end()) found->second.heldUntil = until;
+  bool wake = false;
+  {
+    std::lock_guard lock(mutex_);
+    auto found = arms_.find(epoch);
+    if (found == arms_.end()) return;
+    found->second.heldUntil = until;
+    // A kill waiting for an earlier hold to run out (or for ever) is due at this one's end.
+    if (found->second.pending != Kill::none && until < sleepsUntil_) {
+      wake = true;
+      sleepsUntil_ = Clock::time_point::min();
+    }
+  }
+  if (wake) wake_.notify_all();
 }
 
 void Watchdog::release(std::uint64_t epoch) {
-  std::lock_guard lock(mutex_);
-  auto found = arms_.find(epoch);
-  if (found == arms_.end()) return;
-  Arm& arm = found->second;
-  arm.heldUntil = Clock::time_point::min();
-  if (arm.pending == Kill::none) return;
-  fire(arm, arm.pending);
-  firedLocked(epoch, arm, Clock::now());
-  arms_.erase(found);
+  bool wake = false;
+  {
+    std::lock_guard lock(mutex_);
+    auto found = arms_.find(epoch);
+    if (found == arms_.end()) return;
+    Arm& arm = found->second;
+    arm.heldUntil = Clock::time_point::min();
+    if (arm.pending == Kill::none) return;
+    fire(arm, arm.pending);
+    const auto now = Clock::now();
+    firedLocked(epoch, arm, now);
+    arms_.erase(found);
+    wake = wakeForRepeatLocked(now);
+  }
+  if (wake) wake_.notify_all();
+}
+
+bool Watchdog::wakeForRepeatLocked(Clock::time_point now) {
+  // The thread must be awake to tell the segment again if it runs on.
+  if (now + kRepeatTerminate >= sleepsUntil_) return false;
+  sleepsUntil_ = Clock::time_point::min();
+  return true;
 }
 
 void Watchdog::firedLocked(std::uint64_t epoch, const Arm& arm, Clock::time_point now) {
   // The reason that stuck is the first one recorded (maybe by the heap callback, earlier).
-  fired_[epoch] = Fired{now, static_cast<Kill>(arm.kill->load())};
+  fired_[epoch] = Fired{now, static_cast<Kill>(arm.kill->load()), arm.isolate, now};
 }
 
 std::vector<Watchdog::Overdue> Watchdog::overdue(Clock::duration grace) const {
@@ -162,6 +187,16 @@ void Watchdog::run() {
       } else {
         ++it;
       }
+    }
+    // Segments stopped and still running are told again (see kRepeatTerminate). The isolate
+    // lives while its segment is not disarmed, and disarm() takes mutex_.
+    for (auto& [epoch, fired] : fired_) {
+      if (fired.isolate == nullptr) continue;
+      if (now - fired.lastTerminate >= kRepeatTerminate) {
+        fired.isolate->TerminateExecution();
+        fired.lastTerminate = now;
+      }
+      next = std::min(next, fired.lastTerminate + kRepeatTerminate);
     }
     // arm() can only run while this thread waits (it holds mutex_ otherwise).
     sleepsUntil_ = next;

@@ -58,6 +58,10 @@ class Watchdog {
   void disarm(std::uint64_t epoch);
   // Stops the segment armed for `epoch` now, if there is one (once it is not held).
   void kill(std::uint64_t epoch, Kill reason);
+  // A stopped segment that is still not disarmed kRepeatTerminate later is told again, and again
+  // at that interval: code can swallow a termination (V8 10.2's import() clears one raised
+  // while it converts its specifier), and the segment must not run on.
+  static constexpr auto kRepeatTerminate = std::chrono::milliseconds(10);
   // Until release(epoch), or `until` at the latest, a kill of the segment armed for `epoch` (by
   // kill() or by a deadline) waits and is carried out then. For the moment V8 10.2 cannot take
   // a termination: between Module::Evaluate's entry and the start of the module's own code, a
@@ -85,9 +89,14 @@ class Watchdog {
   struct Fired {
     Clock::time_point at;
     Kill reason = Kill::none;
+    v8::Isolate* isolate = nullptr;
+    Clock::time_point lastTerminate;  // when TerminateExecution was last requested
   };
   // Records that the segment of `epoch` was stopped; under mutex_.
   void firedLocked(std::uint64_t epoch, const Arm& arm, Clock::time_point now);
+  // Whether the thread sleeps past the first repeat of a kill made now by another thread; if so,
+  // marks it awake (the caller notifies). Under mutex_.
+  bool wakeForRepeatLocked(Clock::time_point now);
 
   mutable std::mutex mutex_;
   std::condition_variable wake_;

@@ -427,6 +427,29 @@ TEST_CASE("a never-settling promise ends at once with timeout", "[safety]") {
   }
 }
 
+TEST_CASE("a termination the tool's code swallows is asked for again", "[safety]") {
+  PoolFixture f;
+  // Each stops inside code that loses the termination (V8's import() while converting its
+  // specifier; fetch's request getters), then loops: told again, the call still ends.
+  const char* sources[] = {
+      "export default async () => { try { await import({ toString() { for (;;) {} } }); } "
+      "catch (e) {} for (;;) {} }",
+      "export default () => { try { fetch('https://a.example/', { get method() { for (;;) {} } "
+      "}); } catch (e) { if (e === null) for (;;) {} } for (;;) {} }",
+  };
+  for (const char* source : sources) {
+    INFO(source);
+    auto outcome = f.call(makeTool(source, limits({{"wallMs", 100}, {"cpuMs", 60000}})));
+    INFO(describe(outcome));
+    CHECK(errc(outcome) == CallErrc::timeout);
+    auto cancelled =
+        callAndCancel(f.pool, makeTool(source, limits({{"wallMs", 60000}, {"cpuMs", 60000}})),
+                      std::chrono::milliseconds(50));
+    INFO(describe(cancelled));
+    CHECK(errc(cancelled) == CallErrc::cancelled);
+  }
+}
+
 TEST_CASE("a late watchdog kill never hits the next call", "[safety]") {
   PoolFixture f;
   // Each first call burns until exactly its deadline, so the watchdog's kill races the end of the

@@ -135,6 +135,17 @@ TEST_CASE("the watchdog kills only the segment it was armed for", "[watchdog]") 
     CHECK(killOf(kill) == Kill::timeout);
     watchdog.disarm(10);
   }
+  SECTION("a kill held for ever is carried out when a shorter hold replaces it") {
+    // As a module's compile (held for ever) then its evaluation's start (held briefly).
+    watchdog.arm(13, arm(10s, farCpu));
+    watchdog.hold(13, Watchdog::Clock::time_point::max());
+    watchdog.kill(13, Kill::cancelled);
+    std::this_thread::sleep_for(30ms);  // the watchdog's thread now sleeps without end
+    watchdog.hold(13, Watchdog::Clock::now() + 20ms);
+    std::this_thread::sleep_for(300ms);
+    CHECK(killOf(kill) == Kill::cancelled);  // without release()
+    watchdog.disarm(13);
+  }
   SECTION("a hold runs out by itself, then the kill is carried out") {
     watchdog.arm(11, arm(10s, farCpu));
     watchdog.hold(11, Watchdog::Clock::now() + 40ms);

@@ -806,7 +806,13 @@ void SandboxPool::Impl::finish(const std::shared_ptr<CallJob>& job, std::excepti
       slot.heapBytes = job->heapBytes;
       slot.hasSandbox = job->sandboxKept;
     }
-    if (slot.pending == 0) {
+    if (slot.pending == 0 && slot.condemned) {
+      // Terminated while calls waited, and none ran after it (cancelled, or the one running
+      // kept its sandbox): what was terminated goes now.
+      slot.condemned = false;
+      if (slot.retained) unretainLocked(retained.find(slot.revision));
+      if (slot.hasSandbox) disposeLocked(job->slot);
+    } else if (slot.pending == 0) {
       if (slot.retained && !slot.hasSandbox) {
         unretainLocked(retained.find(slot.revision));  // nothing left to retain (failed first call, discarded)
       } else if (!slot.retained && slot.hasSandbox) {

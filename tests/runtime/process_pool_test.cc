@@ -1199,6 +1199,7 @@ TEST_CASE("many revisions with calls waiting are believed, not taken for a broke
   std::thread caller([&] { io.run(); });
   StopAndJoin stopAndJoin{io, caller};
   REQUIRE(waitFor([&] { return !f.pool->list().empty() && f.pool->list().front().busy; }));
+  REQUIRE(waitFor([&] { return f.pid() != 0; }));  // 0 while the slot's process starts
   const int pid = f.pid();
   constexpr int kWaiting = 1040;
   std::atomic<int> ok{0}, failed{0};

@@ -1132,7 +1132,13 @@ void ProcessSandboxPool::Impl::onWatch(const std::shared_ptr<Process>& process) 
       unresponsive = true;
       starting = *process->ping == 0;
       for (const auto& [id, call] : process->calls) {
-        if (call.lateAt(grace) <= now) {
+        if (call.cancelDeadline != Clock::time_point::max()) {
+          // Its caller cancelled it first: that is what became of it.
+          verdicts.emplace(id, CallError{CallErrc::cancelled,
+                                         "the call was cancelled; its sandbox process stopped "
+                                         "responding (stopped or hung) and was killed",
+                                         {}});
+        } else if (call.lateAt(grace) <= now) {
           // Pings are answered off the V8 workers: the process as a whole stopped (SIGSTOP, a
           // hung host), whether or not the tool's code ever ran. The call is past its limit.
           verdicts.emplace(id, CallError{CallErrc::timeout,

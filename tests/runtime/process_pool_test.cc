@@ -456,6 +456,20 @@ TEST_CASE("a sandbox host killed from outside is noticed and replaced", "[proces
     CHECK(took < 200 + 2 * kGraceMs + 1500);
     CHECK(*f.call(counter).result == 1);
   }
+  SECTION("stopped (SIGSTOP) after its caller cancelled it: the call ends cancelled") {
+    auto slow = makeTool(
+        "export default () => { const end = Date.now() + 2000; while (Date.now() < end) {} }",
+        limits({{"wallMs", 200}, {"cpuMs", 10000}}), {}, "slow");
+    std::thread stopper([first] {
+      std::this_thread::sleep_for(milliseconds(100));
+      ::kill(first, SIGSTOP);
+    });
+    auto outcome = callAndCancel(*f.pool, slow, milliseconds(150));
+    stopper.join();
+    INFO(describe(outcome));
+    REQUIRE(errc(outcome) == CallErrc::cancelled);
+    CHECK(*f.call(counter).result == 1);
+  }
 }
 
 TEST_CASE("repeated crashes make calls fail fast until the window passes", "[process][crash]") {

@@ -140,7 +140,10 @@ std::vector<Watchdog::Overdue> Watchdog::overdue(Clock::duration grace) const {
     if (now - fired.at >= grace) out.push_back({epoch, fired.reason});
   }
   for (const auto& [epoch, arm] : arms_) {
-    if (arm.wallDeadline != Clock::time_point::max() && now - arm.wallDeadline >= grace) {
+    // A held segment runs no JavaScript (modules compiling, at most 2 MiB of source): on a slow
+    // machine it may pass its deadline plus the grace without being stuck, so it has longer.
+    const auto allowed = now < arm.heldUntil ? grace + kHeldSlack : grace;
+    if (arm.wallDeadline != Clock::time_point::max() && now - arm.wallDeadline >= allowed) {
       out.push_back({epoch, Kill::timeout});
     }
   }

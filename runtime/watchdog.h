@@ -62,6 +62,9 @@ class Watchdog {
   // at that interval: code can swallow a termination (V8 10.2's import() clears one raised
   // while it converts its specifier), and the segment must not run on.
   static constexpr auto kRepeatTerminate = std::chrono::milliseconds(10);
+  // How much longer than `grace` a held segment may run past its deadline before overdue()
+  // reports it (see there).
+  static constexpr auto kHeldSlack = std::chrono::seconds(10);
   // Until release(epoch), or `until` at the latest, a kill of the segment armed for `epoch` (by
   // kill() or by a deadline) waits and is carried out then. For the moment V8 10.2 cannot take
   // a termination: between Module::Evaluate's entry and the start of the module's own code, a
@@ -71,8 +74,8 @@ class Watchdog {
   void release(std::uint64_t epoch);
 
   // Segments still not disarmed `grace` after they were stopped (or, should this thread ever fall
-  // behind, after their wall deadline): JavaScript stuck in a builtin that never checks for
-  // termination. With the reason each was stopped for.
+  // behind, after their wall deadline; kHeldSlack more while held): JavaScript stuck in a builtin
+  // that never checks for termination. With the reason each was stopped for.
   struct Overdue {
     std::uint64_t epoch = 0;
     Kill reason = Kill::none;

@@ -108,6 +108,11 @@ Sandbox::Sandbox(registry::ToolRevisionPtr tool, SandboxSettings settings, Watch
   // V8 prints them to the process's stderr, which is the daemon's log. They go to the console
   // output of the call running, if any, like anything else the tool says.
   isolate_->AddMessageListenerWithErrorLevel(&Sandbox::uncaughtMessage, v8::Isolate::kMessageError);
+  // V8 10.2's import() clears a termination raised while it converts its specifier and rejects
+  // its promise instead; a tool whose specifier's toString runs long catches every repeat of the
+  // watchdog's kill that way. A rejection after a kill asks for the termination again at once:
+  // it lands as soon as the tool's own code runs on.
+  isolate_->SetPromiseRejectCallback(&Sandbox::promiseRejected);
 
   bool installed = false;
   {
@@ -161,6 +166,11 @@ void Sandbox::uncaughtMessage(v8::Local<v8::Message> message, v8::Local<v8::Valu
   if (sandbox.currentCall() == nullptr || isolate->IsExecutionTerminating()) return;
   v8::HandleScope scope(isolate);
   sandbox.appendLog("uncaught", toUtf8(isolate, message->Get(), kMaxErrorText));
+}
+
+void Sandbox::promiseRejected(v8::PromiseRejectMessage message) {
+  v8::Isolate* isolate = message.GetPromise()->GetIsolate();
+  if (from(isolate).kill() != Kill::none) isolate->TerminateExecution();
 }
 
 Sandbox& Sandbox::from(v8::Isolate* isolate) {
@@ -628,7 +638,7 @@ std::optional<CallError> Sandbox::loadModule(JsScope& js) {
   // a tool can make happen at will, racing its own wall-clock limit or a cancel. Module scope has
   // nothing to await anyway (no ctx, no host operation can complete while modules load).
   if (root->IsGraphAsync()) {
-    std::string where = "the tool's modules";
+    std::string where = "one of the tool's modules (an import cycle)";
     for (const auto& loaded : modules_) {
       v8::Local<v8::Module> module = loaded.module.Get(js.isolate);
       if (!module->IsGraphAsync()) continue;

@@ -92,6 +92,8 @@ class Sandbox {
   static Sandbox& from(v8::Isolate* isolate);
   // Isolate message listener: an error nothing caught, into the running call's console output.
   static void uncaughtMessage(v8::Local<v8::Message> message, v8::Local<v8::Value> error);
+  // Isolate promise-reject callback: after a kill, any rejection asks for termination again.
+  static void promiseRejected(v8::PromiseRejectMessage message);
   // The running call, or nullptr.
   CallState* currentCall() { return call_.get(); }
   // Starts a host operation settling `resolver` with a reply of `kind`: `start` runs on the

@@ -1238,3 +1238,24 @@ TEST_CASE("many revisions with calls waiting are believed, not taken for a broke
   io.stop();
   caller.join();
 }
+
+TEST_CASE("a tool that keeps swallowing its kill in import() still ends without its process",
+          "[process][limits]") {
+  ProcessFixture f;
+  auto counter = counterTool();
+  REQUIRE(*f.call(counter).result == 1);
+  const int pid = f.pid();
+  // V8 10.2's import() clears a termination raised in its specifier's toString; this one spends
+  // nearly all its time there, so that every repeat of the kill lands in it.
+  auto swallower = makeTool(
+      "export default async () => { const spec = { toString() { let s = 0; "
+      "for (let i = 0; i < 3e6; i++) s += i; return 'x' + s; } }; "
+      "for (;;) import(spec).catch(() => 0); }",
+      limits({{"wallMs", 100}, {"cpuMs", 60000}}));
+  auto outcome = f.call(swallower);
+  INFO(describe(outcome));
+  REQUIRE(errc(outcome) == CallErrc::timeout);
+  CHECK_THAT(outcome.result.error().detail, !Catch::Contains("killed"));
+  CHECK(f.pid() == pid);  // the process, and the counter's sandbox in it, live on
+  CHECK(*f.call(counter).result == 2);
+}

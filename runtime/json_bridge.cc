@@ -119,6 +119,11 @@ class Walker {
     v8::TryCatch inner(isolate_);
     v8::Local<v8::String> text;
     if (exception->IsSymbol() || !exception->ToString(context_).ToLocal(&text)) {
+      if (inner.HasTerminated()) {
+        // The tool's toString was stopped: the call ends, whatever is described here.
+        terminated_ = true;
+        isolate_->TerminateExecution();
+      }
       return "a value that cannot be shown";
     }
     return toUtf8(isolate_, text, 512);
@@ -287,7 +292,9 @@ class Walker {
     if (tryCatch.HasTerminated() || (options_.killed != nullptr && options_.killed->load() != 0)) {
       return ToJsonError{ToJsonError::Kind::killed, "stopped"};
     }
-    return invalid("could not be read: it threw " + describe(tryCatch));
+    std::string description = describe(tryCatch);
+    if (terminated_) return ToJsonError{ToJsonError::Kind::killed, "stopped"};
+    return invalid("could not be read: it threw " + description);
   }
 
   v8::Local<v8::Context> context_;
@@ -295,6 +302,7 @@ class Walker {
   const ToJsonOptions& options_;
   std::size_t bytes_ = 0;
   std::size_t visited_ = 0;
+  bool terminated_ = false;  // stopped while describing what the tool threw
   std::vector<Segment> path_;
   std::vector<v8::Local<v8::Object>> ancestors_;
 };

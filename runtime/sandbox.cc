@@ -24,9 +24,12 @@ constexpr const char* kSourceName = "source.js";
 constexpr std::size_t kMaxErrorText = 4096;
 constexpr std::size_t kMaxStackText = 16 * 1024;
 constexpr int kMaxPumpedTasks = 64;  // platform tasks run per drain
-// How long a kill waits once a module's evaluation began (see loadModule): far longer than V8
-// takes to start the module's code, short next to any limit.
-constexpr auto kModuleStartHold = std::chrono::milliseconds(10);
+// How long a kill waits once a module's evaluation began (see loadModule): until the thread has
+// run this much CPU time, far more than V8 takes to start the module's code and short next to any
+// limit (CPU time, so that a thread preempted at that moment is still held when it resumes), and
+// at most the wall-clock cap.
+constexpr auto kModuleStartCpu = std::chrono::milliseconds(10);
+constexpr auto kModuleStartWallCap = std::chrono::seconds(1);
 // Heap limits granted after a heap kill, so that V8 never aborts the daemon while the
 // termination unwinds (see nearHeapLimit). A single V8 allocation is at most about 1 GiB.
 constexpr std::size_t kFirstKillHeadroom = std::size_t{1152} * kMiB;
@@ -253,7 +256,15 @@ auto Sandbox::segment(Body&& body) -> decltype(body(std::declval<JsScope&>())) {
 
   JsScope js{isolate_, context, call};
   using Result = decltype(body(js));
-  Result out = kill() == Kill::none ? body(js) : Result{};
+  Result out{};
+  try {
+    if (kill() == Kill::none) out = body(js);
+  } catch (...) {
+    // The sandbox is discarded by the caller: its isolate must be out of the watchdog first.
+    watchdog_.disarm(call.epoch);
+    isolate_->CancelTerminateExecution();
+    throw;
+  }
 
   // A large object can be admitted past the heap limit without a collection (and so without the
   // near-heap-limit callback); the next collection would then kill whichever call comes next.
@@ -671,7 +682,7 @@ std::optional<CallError> Sandbox::loadModule(JsScope& js) {
     return CallError{CallErrc::cancelled, "stopped", {}};
   }
   v8::Local<v8::Value> evaluated;
-  watchdog_.hold(js.call.epoch, Watchdog::Clock::now() + kModuleStartHold);
+  watchdog_.hold(js.call.epoch, Watchdog::Clock::now() + kModuleStartWallCap, kModuleStartCpu);
   const bool ran = root->Evaluate(js.context).ToLocal(&evaluated);
   watchdog_.release(js.call.epoch);
   if (!ran) return compileError(js, tryCatch, "the module threw while it was evaluated");

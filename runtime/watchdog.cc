@@ -69,10 +69,10 @@ void Watchdog::kill(std::uint64_t epoch, Kill reason) {
     if (found == arms_.end()) return;
     Arm& arm = found->second;
     const auto now = Clock::now();
-    if (now < arm.heldUntil) {
+    if (held(arm, now)) {
       if (arm.pending == Kill::none) arm.pending = reason;
       // The thread carries it out when the hold runs out, unless release() comes first.
-      if (arm.heldUntil < sleepsUntil_) {
+      if (heldRecheck(arm, now) < sleepsUntil_) {
         wake = true;
         sleepsUntil_ = Clock::time_point::min();
       }
@@ -86,15 +86,19 @@ void Watchdog::kill(std::uint64_t epoch, Kill reason) {
   if (wake) wake_.notify_all();
 }
 
-void Watchdog::hold(std::uint64_t epoch, Clock::time_point until) {
+void Watchdog::hold(std::uint64_t epoch, Clock::time_point until,
+                    std::chrono::nanoseconds cpuBudget) {
   bool wake = false;
   {
     std::lock_guard lock(mutex_);
     auto found = arms_.find(epoch);
     if (found == arms_.end()) return;
-    found->second.heldUntil = until;
+    Arm& arm = found->second;
+    arm.heldUntil = until;
+    arm.heldUntilCpuNs =
+        cpuBudget.count() > 0 ? cpuNowNs(arm.cpuClock) + cpuBudget.count() : std::int64_t{0};
     // A kill waiting for an earlier hold to run out (or for ever) is due at this one's end.
-    if (found->second.pending != Kill::none && until < sleepsUntil_) {
+    if (arm.pending != Kill::none && heldRecheck(arm, Clock::now()) < sleepsUntil_) {
       wake = true;
       sleepsUntil_ = Clock::time_point::min();
     }
@@ -110,6 +114,7 @@ void Watchdog::release(std::uint64_t epoch) {
     if (found == arms_.end()) return;
     Arm& arm = found->second;
     arm.heldUntil = Clock::time_point::min();
+    arm.heldUntilCpuNs = 0;
     if (arm.pending == Kill::none) return;
     fire(arm, arm.pending);
     const auto now = Clock::now();
@@ -118,6 +123,19 @@ void Watchdog::release(std::uint64_t epoch) {
     wake = wakeForRepeatLocked(now);
   }
   if (wake) wake_.notify_all();
+}
+
+bool Watchdog::held(const Arm& arm, Clock::time_point now) {
+  if (now >= arm.heldUntil) return false;
+  return arm.heldUntilCpuNs == 0 || cpuNowNs(arm.cpuClock) < arm.heldUntilCpuNs;
+}
+
+Watchdog::Clock::time_point Watchdog::heldRecheck(const Arm& arm, Clock::time_point now) {
+  if (arm.heldUntilCpuNs == 0) return arm.heldUntil;
+  // The thread cannot run more CPU time than passes on the wall clock.
+  const auto remaining = std::chrono::nanoseconds(
+      std::max<std::int64_t>(arm.heldUntilCpuNs - cpuNowNs(arm.cpuClock), 0));
+  return std::min(arm.heldUntil, now + std::max<Clock::duration>(remaining, kMinCpuPoll));
 }
 
 bool Watchdog::wakeForRepeatLocked(Clock::time_point now) {
@@ -142,7 +160,7 @@ std::vector<Watchdog::Overdue> Watchdog::overdue(Clock::duration grace) const {
   for (const auto& [epoch, arm] : arms_) {
     // A held segment runs no JavaScript (modules compiling, at most 2 MiB of source): on a slow
     // machine it may pass its deadline plus the grace without being stuck, so it has longer.
-    const auto allowed = now < arm.heldUntil ? grace + kHeldSlack : grace;
+    const auto allowed = held(arm, now) ? grace + kHeldSlack : grace;
     if (arm.wallDeadline != Clock::time_point::max() && now - arm.wallDeadline >= allowed) {
       out.push_back({epoch, Kill::timeout});
     }
@@ -179,9 +197,9 @@ void Watchdog::run() {
                                                                 kMinCpuPoll));
         }
       }
-      if (reason != Kill::none && now < arm.heldUntil) {
+      if (reason != Kill::none && held(arm, now)) {
         arm.pending = reason;
-        next = std::min(next, arm.heldUntil);
+        next = std::min(next, heldRecheck(arm, now));
         ++it;
       } else if (reason != Kill::none) {
         fire(arm, reason);

@@ -44,6 +44,7 @@ class Watchdog {
     std::int64_t cpuNowNs = -1;      // reading of cpuClock at the arm, if the caller has one
     // Set by hold() and release(), not by the caller of arm().
     Clock::time_point heldUntil = Clock::time_point::min();
+    std::int64_t heldUntilCpuNs = 0;  // if set, held only until cpuClock reaches it as well
     Kill pending = Kill::none;  // a kill that came while held
   };
 
@@ -70,7 +71,10 @@ class Watchdog {
   // a termination: between Module::Evaluate's entry and the start of the module's own code, a
   // termination aborts the process ("Check failed: module->status() == kErrored"). Only the
   // segment's own thread holds and releases it.
-  void hold(std::uint64_t epoch, Clock::time_point until);
+  // With a cpuBudget, the hold also ends once the segment's thread has run that much CPU time
+  // since the call: a thread preempted right after hold() is still held when it resumes.
+  void hold(std::uint64_t epoch, Clock::time_point until,
+            std::chrono::nanoseconds cpuBudget = std::chrono::nanoseconds::zero());
   void release(std::uint64_t epoch);
 
   // Segments still not disarmed `grace` after they were stopped (or, should this thread ever fall
@@ -97,6 +101,10 @@ class Watchdog {
   };
   // Records that the segment of `epoch` was stopped; under mutex_.
   void firedLocked(std::uint64_t epoch, const Arm& arm, Clock::time_point now);
+  // Whether `arm` is held at `now` (by time, and by CPU time if it has a CPU budget).
+  static bool held(const Arm& arm, Clock::time_point now);
+  // When a held arm should be looked at again.
+  static Clock::time_point heldRecheck(const Arm& arm, Clock::time_point now);
   // Whether the thread sleeps past the first repeat of a kill made now by another thread; if so,
   // marks it awake (the caller notifies). Under mutex_.
   bool wakeForRepeatLocked(Clock::time_point now);

@@ -108,9 +108,9 @@ TEST_CASE("the watchdog kills only the segment it was armed for", "[watchdog]") 
     CHECK(watchdog.overdue(0ms).empty());
   }
   SECTION("held past its deadline (modules compiling), it is not overdue within the slack") {
-    watchdog.arm(14, arm(0ms, farCpu));
+    watchdog.arm(14, arm(30ms, farCpu));
     watchdog.hold(14, Watchdog::Clock::time_point::max());
-    std::this_thread::sleep_for(50ms);
+    std::this_thread::sleep_for(80ms);
     CHECK(watchdog.overdue(10ms).empty());
     watchdog.release(14);  // the timeout is carried out now: a grace from here
     std::this_thread::sleep_for(30ms);
@@ -144,6 +144,19 @@ TEST_CASE("the watchdog kills only the segment it was armed for", "[watchdog]") 
     watchdog.release(10);
     CHECK(killOf(kill) == Kill::timeout);
     watchdog.disarm(10);
+  }
+  SECTION("a hold with a CPU budget lasts until the thread has run it, however long it sleeps") {
+    watchdog.arm(15, arm(10s, farCpu));
+    watchdog.hold(15, Watchdog::Clock::now() + 10s, 20ms);
+    watchdog.kill(15, Kill::cancelled);
+    std::this_thread::sleep_for(150ms);  // preempted, as it were: no CPU time runs
+    CHECK(killOf(kill) == Kill::none);
+    const auto start = Watchdog::cpuNowNs(clock);
+    while (Watchdog::cpuNowNs(clock) - start < 60'000'000 && killOf(kill) == Kill::none) {
+    }
+    std::this_thread::sleep_for(20ms);
+    CHECK(killOf(kill) == Kill::cancelled);
+    watchdog.disarm(15);
   }
   SECTION("a kill held for ever is carried out when a shorter hold replaces it") {
     // As a module's compile (held for ever) then its evaluation's start (held briefly).

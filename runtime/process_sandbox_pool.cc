@@ -177,6 +177,7 @@ struct PendingCall {
   bool cancelRequested = false;
   // When a cancelled call must have been answered (see cancelAnswerTime); max until cancelled.
   Clock::time_point cancelDeadline = Clock::time_point::max();
+  Clock::time_point cancelledAt = Clock::time_point::max();  // when its caller cancelled it
 
   // When the daemon's backstop considers it late; max while paused.
   Clock::time_point lateAt(Clock::duration grace) const {
@@ -639,7 +640,8 @@ void ProcessSandboxPool::Impl::cancel(const std::shared_ptr<Process>& process, s
     auto found = process->calls.find(id);
     if (found == process->calls.end() || found->second.cancelRequested) return;
     found->second.cancelRequested = true;
-    found->second.cancelDeadline = Clock::now() + cancelAnswerTime(grace);
+    found->second.cancelledAt = Clock::now();
+    found->second.cancelDeadline = found->second.cancelledAt + cancelAnswerTime(grace);
     // The host answers with the call's result (cancelled). A host that is gone has already
     // ended the call; one stuck in a builtin reports it as stalled within the grace; one that
     // does neither is killed at the deadline.
@@ -1132,8 +1134,8 @@ void ProcessSandboxPool::Impl::onWatch(const std::shared_ptr<Process>& process) 
       unresponsive = true;
       starting = *process->ping == 0;
       for (const auto& [id, call] : process->calls) {
-        if (call.cancelDeadline != Clock::time_point::max()) {
-          // Its caller cancelled it first: that is what became of it.
+        if (call.cancelledAt < call.lateAt(Clock::duration::zero())) {
+          // Its caller cancelled it before its wall clock ran out: that is what became of it.
           verdicts.emplace(id, CallError{CallErrc::cancelled,
                                          "the call was cancelled; its sandbox process stopped "
                                          "responding (stopped or hung) and was killed",

@@ -255,10 +255,10 @@ Result<InstallOutcome> Registry::install(const json::object& manifest) {
   const auto* executionClass = execution != nullptr && execution->is_object()
                                    ? execution->get_object().if_contains("class")
                                    : nullptr;
-  const bool native = executionClass == nullptr || !executionClass->is_string() ||
-                      executionClass->get_string() == "trusted-native";
+  const bool builtIn = executionClass == nullptr || !executionClass->is_string() ||
+                       executionClass->get_string() == "trusted-native";
   if (const auto* name = manifest.if_contains("name");
-      !native && name != nullptr && name->is_string()) {
+      !builtIn && name != nullptr && name->is_string()) {
     if (auto canonical = protocol::canonicalJson(manifest)) {
       std::string revision =
           protocol::contentHashOfCanonical(protocol::domain::kToolManifest, *canonical);

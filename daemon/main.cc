@@ -234,8 +234,7 @@ int run(const daemon::Config& config, const daemon::CommandLine& commandLine) {
         if (!ok) {
           out["detail"] =
               "a sandbox process ended unexpectedly too often or could not be started: calls of "
-              "the "
-              "tools it hosts fail (see the daemon's log)";
+              "the tools it hosts fail (see the daemon's log)";
         }
         return out;
       }});

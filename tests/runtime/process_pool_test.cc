@@ -411,6 +411,16 @@ TEST_CASE("a sandbox host killed from outside is noticed and replaced", "[proces
   REQUIRE(*f.call(counter).result == 1);
   const int first = f.pid();
   REQUIRE(first > 0);
+  // For the SIGSTOP sections: a call that outlasts its 200 ms, and the process stopped 100 ms in.
+  auto slow = makeTool(
+      "export default () => { const end = Date.now() + 2000; while (Date.now() < end) {} }",
+      limits({{"wallMs", 200}, {"cpuMs", 10000}}), {}, "slow");
+  auto stopSoon = [first] {
+    return std::thread([first] {
+      std::this_thread::sleep_for(milliseconds(100));
+      ::kill(first, SIGSTOP);
+    });
+  };
 
   SECTION("while idle") {
     REQUIRE(::kill(first, SIGKILL) == 0);
@@ -439,13 +449,7 @@ TEST_CASE("a sandbox host killed from outside is noticed and replaced", "[proces
     CHECK(*next.result == 1);
   }
   SECTION("stopped (SIGSTOP) with a call past its wall clock: the ping goes unanswered") {
-    auto slow = makeTool(
-        "export default () => { const end = Date.now() + 2000; while (Date.now() < end) {} }",
-        limits({{"wallMs", 200}, {"cpuMs", 10000}}), {}, "slow");
-    std::thread stopper([first] {
-      std::this_thread::sleep_for(milliseconds(100));
-      ::kill(first, SIGSTOP);
-    });
+    std::thread stopper = stopSoon();
     const auto start = Clock::now();
     auto outcome = f.call(slow);
     stopper.join();
@@ -457,13 +461,7 @@ TEST_CASE("a sandbox host killed from outside is noticed and replaced", "[proces
     CHECK(*f.call(counter).result == 1);
   }
   SECTION("stopped (SIGSTOP) after its caller cancelled it: the call ends cancelled") {
-    auto slow = makeTool(
-        "export default () => { const end = Date.now() + 2000; while (Date.now() < end) {} }",
-        limits({{"wallMs", 200}, {"cpuMs", 10000}}), {}, "slow");
-    std::thread stopper([first] {
-      std::this_thread::sleep_for(milliseconds(100));
-      ::kill(first, SIGSTOP);
-    });
+    std::thread stopper = stopSoon();
     auto outcome = callAndCancel(*f.pool, slow, milliseconds(150));
     stopper.join();
     INFO(describe(outcome));

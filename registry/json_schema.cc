@@ -9,6 +9,7 @@
 #include <valijson/validator.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <exception>
 #include <functional>
 #include <map>
@@ -94,30 +95,59 @@ void visitSchema(const boost::json::value& node, Pointer& at, const SchemaVisito
   }
 }
 
-// The schema without `keyword` wherever a schema stands.
-boost::json::value strip(const boost::json::value& node, std::string_view keyword) {
+// How strip() rewrites "multipleOf" for valijson (checkKeywords() admitted only numbers > 0).
+enum class Divisors { asWritten, asDoubles };
+
+// The schema without `keyword` wherever a schema stands. With Divisors::asDoubles every
+// "multipleOf" becomes a double: valijson's integer form truncates a fractional instance to an
+// integer (4.5 passed multipleOf 2; a huge one is undefined behaviour) before taking `%`.
+boost::json::value strip(const boost::json::value& node, std::string_view keyword,
+                         Divisors divisors = Divisors::asWritten) {
   if (const auto* array = node.if_array()) {
     boost::json::array out;
-    for (const auto& item : *array) out.push_back(strip(item, keyword));
+    for (const auto& item : *array) out.push_back(strip(item, keyword, divisors));
     return out;
   }
   const auto* object = node.if_object();
   if (object == nullptr) return node;
   boost::json::object out;
   for (const auto& [key, value] : *object) {
-    if (key == keyword) continue;
+    if (!keyword.empty() && key == keyword) continue;
     const Place place = placeOf(key, value);
-    if (place == Place::data) {
+    if (key == "multipleOf" && divisors == Divisors::asDoubles && value.is_number()) {
+      out[key] = value.to_number<double>();
+    } else if (place == Place::data) {
       out[key] = value;
     } else if (place == Place::schemaMap && value.is_object()) {
       boost::json::object members;
-      for (const auto& [name, member] : value.get_object()) members[name] = strip(member, keyword);
+      for (const auto& [name, member] : value.get_object()) {
+        members[name] = strip(member, keyword, divisors);
+      }
       out[key] = std::move(members);
     } else {
-      out[key] = strip(value, keyword);
+      out[key] = strip(value, keyword, divisors);
     }
   }
   return out;
+}
+
+// Keywords valijson reads without checking them in a way that can bring the process down:
+// "multipleOf" 0 (or a string of digits, which it reads as a number) is an integer division by
+// zero at the first validation, -1 one that overflows for the smallest integer. Draft 7 asks
+// for a number strictly greater than 0.
+std::optional<std::string> checkKeywords(const boost::json::value& document) {
+  std::optional<std::string> refusal;
+  Pointer at;
+  visitSchema(document, at, [&](const boost::json::object& node, const Pointer& where) {
+    const auto* divisor = node.if_contains("multipleOf");
+    if (refusal || divisor == nullptr) return;
+    const bool positive = divisor->is_number() && std::isfinite(divisor->to_number<double>()) &&
+                          divisor->to_number<double>() > 0;
+    if (!positive) {
+      refusal = pointerText(where) + "/multipleOf: must be a number greater than 0";
+    }
+  });
+  return refusal;
 }
 
 // --- References ---
@@ -333,12 +363,15 @@ boost::system::result<JsonSchema, SchemaError> JsonSchema::compile(const boost::
     return SchemaError{"a JSON Schema must be an object or a boolean"};
   }
   if (auto refused = checkReferences(schema)) return SchemaError{*refused};
+  if (auto refused = checkKeywords(schema)) return SchemaError{*refused};
   JsonSchema compiled;
   compiled.document_ = std::make_shared<const boost::json::value>(schema);
   try {
-    compiled.schema_ = parseSchema(*compiled.document_);
-    compiled.diagnosticDocument_ =
-        std::make_shared<const boost::json::value>(strip(schema, "uniqueItems"));
+    compiled.validatedDocument_ =
+        std::make_shared<const boost::json::value>(strip(schema, "", Divisors::asDoubles));
+    compiled.schema_ = parseSchema(*compiled.validatedDocument_);
+    compiled.diagnosticDocument_ = std::make_shared<const boost::json::value>(
+        strip(schema, "uniqueItems", Divisors::asDoubles));
     compiled.diagnostic_ = parseSchema(*compiled.diagnosticDocument_);
   } catch (const std::exception& error) {
     return SchemaError{std::string("invalid JSON Schema: ") + error.what()};

@@ -50,6 +50,8 @@ class JsonSchema {
 
  private:
   std::shared_ptr<const boost::json::value> document_;
+  // What valijson reads: document_ with every "multipleOf" a double (json_schema.cc, strip()).
+  std::shared_ptr<const boost::json::value> validatedDocument_;
   std::shared_ptr<const valijson::Schema> schema_;
   // The same without "uniqueItems", for the message: collecting every error, valijson compares
   // (and records) every pair of an array's items even when maxItems already failed.

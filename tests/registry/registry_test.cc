@@ -662,6 +662,34 @@ TEST_CASE("an over-long array against uniqueItems fails at maxItems without comp
   CHECK_FALSE(schema->validate(json::parse(R"({"tags":["a","b"]})")));
 }
 
+TEST_CASE("multipleOf must be a number above zero and is exact for fractions", "[registry]") {
+  // valijson divides integers by an integer divisor: 0 (or "0", read as a number) and -1 with
+  // the smallest integer stopped the process with SIGFPE at the first validation.
+  for (const char* divisor : {"0", "-1", "-0.5", "\"0\"", "\"2\"", "null"}) {
+    INFO(divisor);
+    auto refused = JsonSchema::compile(json::parse(
+        std::string(R"({"type":"object","properties":{"n":{"multipleOf":)") + divisor + "}}}"));
+    REQUIRE_FALSE(refused.has_value());
+    CHECK_THAT(refused.error().detail,
+               Catch::Contains("/properties/n/multipleOf: must be a number greater than 0"));
+  }
+  auto schema =
+      JsonSchema::compile(json::parse(R"({"type":"object","properties":{"n":{"multipleOf":2}}})"));
+  REQUIRE(schema.has_value());
+  CHECK_FALSE(schema->validate(json::parse(R"({"n":4})")));
+  CHECK_FALSE(schema->validate(json::parse(R"({"n":-9223372036854775808})")));
+  CHECK_FALSE(schema->validate(json::parse(R"({"n":6.0})")));
+  // Truncated to 4 by valijson's integer form, 4.5 passed.
+  CHECK(schema->validate(json::parse(R"({"n":4.5})")));
+  CHECK(schema->validate(json::parse(R"({"n":7})")));
+  CHECK_FALSE(schema->validate(json::parse(R"({"n":1e300})")));  // undefined behaviour before
+  auto fractional = JsonSchema::compile(
+      json::parse(R"({"type":"object","properties":{"n":{"multipleOf":0.5}}})"));
+  REQUIRE(fractional.has_value());
+  CHECK_FALSE(fractional->validate(json::parse(R"({"n":4.5})")));
+  CHECK(fractional->validate(json::parse(R"({"n":4.25})")));
+}
+
 TEST_CASE("a manifest stored before a rule tightened installs again as stored", "[registry]") {
   TempStore temp;
   Registry registry(*temp.store);

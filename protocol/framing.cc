@@ -5,6 +5,11 @@
 
 namespace toolhost::protocol {
 
+namespace {
+// What an empty framer keeps of its buffer: two of the daemon's 64 KiB reads.
+constexpr std::size_t kKeptCapacity = 128 * 1024;
+}  // namespace
+
 void LineFramer::compact() {
   if (start_ == 0) return;
   std::memmove(buffer_.get(), buffer_.get() + start_, end_ - start_);
@@ -47,6 +52,12 @@ LineFramer::Status LineFramer::next(std::string_view& line) {
       if (available == 0) {
         end_ = 0;
         start_ = 0;
+        // A long line grew the buffer (doubling, up to twice the line limit): give it back
+        // once it is consumed, or every connection that ever sent one keeps its size while idle.
+        if (capacity_ > kKeptCapacity) {
+          buffer_.reset();
+          capacity_ = 0;
+        }
       }
       return Status::needMore;
     }

@@ -32,6 +32,9 @@ class LineFramer {
 
   std::size_t maxLineBytes() const { return maxLineBytes_; }
   std::size_t buffered() const { return end_ - start_; }
+  std::size_t capacity() const {
+    return capacity_;
+  }  // the buffer's size (at most 128 KiB when empty)
 
  private:
   void compact();

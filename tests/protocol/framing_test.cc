@@ -129,3 +129,31 @@ TEST_CASE("peek leaves the line for next, skip drops it", "[framing]") {
   CHECK(framer.peek(line) == LineFramer::Status::tooLong);
   CHECK(framer.next(line) == LineFramer::Status::tooLong);
 }
+
+TEST_CASE("a buffer grown for a long line is given back once it is consumed", "[framing]") {
+  LineFramer framer(8 * 1024 * 1024);
+  const std::string big(4 * 1024 * 1024, 'x');
+  framer.append(big);
+  framer.append("\nshort");
+  CHECK(framer.capacity() >= big.size());
+  std::string_view line;
+  REQUIRE(framer.next(line) == LineFramer::Status::line);
+  CHECK(line.size() == big.size());
+  // "short" is still waiting: the buffer stays.
+  CHECK(framer.next(line) == LineFramer::Status::needMore);
+  CHECK(framer.capacity() >= big.size());
+  framer.append("\n");
+  REQUIRE(framer.next(line) == LineFramer::Status::line);
+  CHECK(line == "short");
+  CHECK(framer.next(line) == LineFramer::Status::needMore);
+  CHECK(framer.capacity() <= 128 * 1024);
+  // Small reads keep their buffer.
+  auto space = framer.prepare(64 * 1024);
+  framer.commit(0);
+  CHECK(space.size() == 64 * 1024);
+  CHECK(framer.next(line) == LineFramer::Status::needMore);
+  CHECK(framer.capacity() == 64 * 1024);
+  framer.append("again\n");
+  REQUIRE(framer.next(line) == LineFramer::Status::line);
+  CHECK(line == "again");
+}

@@ -282,7 +282,8 @@ void registerToolMethods(MethodTable& methods, ToolServices services) {
         registry::ToolRevisionPtr tool = *resolved;
         json::object arguments;
         if (auto* given = params.if_contains("arguments")) arguments = std::move(given->as_object());
-        if (auto violation = tool->parameters.validate(arguments)) {
+        if (auto violation =
+                tool->parameters.validate(arguments, registry::JsonSchema::kMaxPairsForArguments)) {
           co_return toRpcError(registry::RegistryError{RegistryErrc::invalidArguments,
                                                        violation->describe("arguments")});
         }

@@ -163,6 +163,8 @@ std::optional<std::string> checkKeywords(const boost::json::value& document) {
 
 constexpr std::size_t kMaxReferences = 1000;
 constexpr std::size_t kMaxExpandedValues = 20000;
+// Past this many values an instance's violation is reported without its place.
+constexpr std::size_t kMaxDiagnosedValues = 100'000;
 
 struct Reference {
   Pointer at;      // the object holding the "$ref"
@@ -244,8 +246,10 @@ bool isPrefix(const Pointer& prefix, const Pointer& of) {
   return prefix.size() <= of.size() && std::equal(prefix.begin(), prefix.end(), of.begin());
 }
 
-std::optional<std::string> checkReferences(const boost::json::value& document) {
+std::optional<std::string> checkReferences(const boost::json::value& document,
+                                           std::size_t& expandedValues) {
   const std::size_t documentValues = countValues(document);
+  expandedValues = documentValues;
   if (documentValues > kMaxExpandedValues) {
     return "the schema has more than " + std::to_string(kMaxExpandedValues) + " values";
   }
@@ -328,6 +332,7 @@ std::optional<std::string> checkReferences(const boost::json::value& document) {
              " values once its references are written out";
     }
   }
+  expandedValues = total;
   return std::nullopt;
 }
 
@@ -337,6 +342,36 @@ std::shared_ptr<const valijson::Schema> parseSchema(const boost::json::value& do
   valijson::adapters::BoostJsonAdapter adapter(document);
   parser.populateSchema(adapter, *parsed);
   return parsed;
+}
+
+// Values in an instance (as countValues), and whether one is an integer above 2^63.
+std::size_t countInstance(const boost::json::value& node, bool& wide) {
+  std::size_t count = 1;
+  if (const auto* object = node.if_object()) {
+    for (const auto& member : *object) count += countInstance(member.value(), wide);
+  } else if (const auto* array = node.if_array()) {
+    for (const auto& item : *array) count += countInstance(item, wide);
+  } else if (node.is_uint64()) {
+    wide = true;
+  }
+  return count;
+}
+
+boost::json::value withWideIntegersAsDoubles(const boost::json::value& node) {
+  if (const auto* object = node.if_object()) {
+    boost::json::object out;
+    out.reserve(object->size());
+    for (const auto& [key, value] : *object) out.emplace(key, withWideIntegersAsDoubles(value));
+    return out;
+  }
+  if (const auto* array = node.if_array()) {
+    boost::json::array out;
+    out.reserve(array->size());
+    for (const auto& item : *array) out.push_back(withWideIntegersAsDoubles(item));
+    return out;
+  }
+  if (node.is_uint64()) return static_cast<double>(node.get_uint64());
+  return node;
 }
 
 }  // namespace
@@ -362,9 +397,11 @@ boost::system::result<JsonSchema, SchemaError> JsonSchema::compile(const boost::
   if (!schema.is_object() && !schema.is_bool()) {
     return SchemaError{"a JSON Schema must be an object or a boolean"};
   }
-  if (auto refused = checkReferences(schema)) return SchemaError{*refused};
-  if (auto refused = checkKeywords(schema)) return SchemaError{*refused};
   JsonSchema compiled;
+  if (auto refused = checkReferences(schema, compiled.expandedValues_)) {
+    return SchemaError{*refused};
+  }
+  if (auto refused = checkKeywords(schema)) return SchemaError{*refused};
   compiled.document_ = std::make_shared<const boost::json::value>(schema);
   try {
     compiled.validatedDocument_ =
@@ -379,7 +416,21 @@ boost::system::result<JsonSchema, SchemaError> JsonSchema::compile(const boost::
   return compiled;
 }
 
-std::optional<SchemaViolation> JsonSchema::validate(const boost::json::value& instance) const {
+std::optional<SchemaViolation> JsonSchema::validate(const boost::json::value& given,
+                                                    std::size_t maxPairs) const {
+  bool wide = false;
+  const std::size_t values = countInstance(given, wide);
+  if (values > maxPairs / std::max<std::size_t>(expandedValues_, 1)) {
+    return SchemaViolation{"", "too large to check: " + std::to_string(values) +
+                                   " values against a schema of " +
+                                   std::to_string(expandedValues_) + " values (at most " +
+                                   std::to_string(maxPairs) + " pairs of them are checked)"};
+  }
+  // valijson skips the numeric keywords for an integer above 2^63 (stored as unsigned): check
+  // a copy where such integers are doubles, as JavaScript reads them anyway.
+  boost::json::value widened;
+  if (wide) widened = withWideIntegersAsDoubles(given);
+  const boost::json::value& instance = wide ? widened : given;
   valijson::adapters::BoostJsonAdapter adapter(instance);
   // First without collecting errors: valijson then stops at the first constraint that fails
   // (maxItems before uniqueItems). valijson's Validator caches regexes in itself, so each
@@ -389,6 +440,13 @@ std::optional<SchemaViolation> JsonSchema::validate(const boost::json::value& in
     if (validator.validate(*schema_, adapter, nullptr)) return std::nullopt;
   } catch (const std::exception& error) {
     return SchemaViolation{"", std::string("could not be validated: ") + error.what()};
+  }
+  // Collecting errors, valijson records one (with its path) for every value that fails: 1.8 GB
+  // for 4 million wrong items. Past a size, the violation is reported without its place.
+  if (values > kMaxDiagnosedValues) {
+    return SchemaViolation{"", "does not match the schema (with " + std::to_string(values) +
+                                   " values, too many to say where; at most " +
+                                   std::to_string(kMaxDiagnosedValues) + " are searched)"};
   }
   // Then for the message, without uniqueItems (collecting errors, valijson would compare and
   // record every pair of items).

@@ -486,7 +486,8 @@ std::optional<RegistryError> checkDefinitionArguments(Registry& registry,
       return missing(where + ": " + name + " (defined by " + definitionId +
                      ") is bound to the registry revision " + target + ", which is not stored");
     }
-    if (auto violation = (*tool)->parameters.validate(arguments)) {
+    if (auto violation =
+            (*tool)->parameters.validate(arguments, JsonSchema::kMaxPairsForArguments)) {
       return RegistryError{RegistryErrc::invalidArguments,
                            where + ": the arguments do not match the parameters of " + name +
                                " at its bound revision " + target + ": " +
@@ -588,7 +589,8 @@ Result<json::array> TaskStore::compile(const json::array& drafts,
           return missing(where + ".call.name: no tool named " + shown(name) +
                          " is defined in the lineage or bound in the registry");
         }
-        if (auto violation = (*tool)->parameters.validate(arguments)) {
+        if (auto violation =
+                (*tool)->parameters.validate(arguments, JsonSchema::kMaxPairsForArguments)) {
           return RegistryError{RegistryErrc::invalidArguments,
                                where + ": the arguments do not match the parameters of " + name +
                                    " (" + (*tool)->revision +
@@ -795,7 +797,8 @@ Result<PreparedCommit> TaskStore::prepareCommit(const json::array& tasks) {
                          " is neither a registry revision of " + name + " nor a definition of " +
                          name + " in this task's lineage");
         }
-        if (auto violation = (*tool)->parameters.validate(arguments)) {
+        if (auto violation =
+                (*tool)->parameters.validate(arguments, JsonSchema::kMaxPairsForArguments)) {
           return RegistryError{RegistryErrc::invalidArguments,
                                where + ": the arguments do not match the parameters of " + name +
                                    " (" + revision + "): " + violation->describe("arguments")};

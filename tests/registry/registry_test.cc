@@ -690,6 +690,49 @@ TEST_CASE("multipleOf must be a number above zero and is exact for fractions", "
   CHECK(fractional->validate(json::parse(R"({"n":4.25})")));
 }
 
+TEST_CASE("integers above 2^63 meet the numeric keywords", "[registry]") {
+  // valijson skipped maximum for an integer stored as unsigned.
+  auto schema =
+      JsonSchema::compile(json::parse(R"({"type":"object","properties":{"n":{"maximum":100}}})"));
+  REQUIRE(schema.has_value());
+  auto violation = schema->validate(json::parse(R"({"n":18446744073709551615})"));
+  REQUIRE(violation);
+  CHECK(violation->path == "/n");
+  CHECK_FALSE(schema->validate(json::parse(R"({"n":100})")));
+}
+
+TEST_CASE("one validation is bounded in time and memory whatever the instance", "[registry]") {
+  auto strings = JsonSchema::compile(json::parse(
+      R"({"type":"object","properties":{"tags":{"type":"array","items":{"type":"string"}}}})"));
+  REQUIRE(strings.has_value());
+  // Collecting every error for 4 million wrong items took 1.8 GB: past 100,000 values the
+  // violation comes without its place.
+  json::array many(200'000, json::value(0));
+  auto violation = strings->validate(json::object{{"tags", many}});
+  REQUIRE(violation);
+  CHECK(violation->path.empty());
+  CHECK_THAT(violation->reason, Catch::Contains("too many to say where"));
+  json::array few(1000, json::value("a"));
+  few.back() = 0;
+  auto placed = strings->validate(json::object{{"tags", few}});
+  REQUIRE(placed);
+  CHECK(placed->path == "/tags/999");
+  // A schema of 3000 values against 100,000 values is past the 10^8 pairs arguments may take.
+  json::array entries(1000, json::parse(R"({"type":"number"})"));
+  auto wide = JsonSchema::compile(json::object{
+      {"type", "object"},
+      {"properties",
+       json::object{
+           {"xs", json::object{{"type", "array"}, {"items", json::object{{"allOf", entries}}}}}}}});
+  REQUIRE(wide.has_value());
+  json::array numbers(100'000, json::value(1));
+  auto refused = wide->validate(json::object{{"xs", numbers}}, JsonSchema::kMaxPairsForArguments);
+  REQUIRE(refused);
+  CHECK_THAT(refused->reason, Catch::Contains("too large to check"));
+  CHECK_FALSE(wide->validate(json::object{{"xs", json::array(1000, json::value(1))}},
+                             JsonSchema::kMaxPairsForArguments));
+}
+
 TEST_CASE("a manifest stored before a rule tightened installs again as stored", "[registry]") {
   TempStore temp;
   Registry registry(*temp.store);

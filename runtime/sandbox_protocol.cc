@@ -234,6 +234,10 @@ void readOwnRow(const json::object& json, SandboxInfo& info) {
   info.calls = number<std::uint64_t>(json, "calls");
   info.heapBytes = number<std::uint64_t>(json, "heapBytes");
   info.idleMs = number<std::int64_t>(json, "idleMs");
+  // The daemon subtracts it from its clock: an honest host's sandboxes are younger than it.
+  if (info.idleMs < 0 || info.idleMs > kMaxIdleMs) {
+    throw ProtocolError("\"idleMs\" is out of range");
+  }
   info.busy = boolField(json, "busy");
 }
 

@@ -92,6 +92,8 @@ std::size_t maxMessageDepth(const RuntimeConfig& config);
 // Nesting a host accepts from the daemon, which it trusts: arguments and manifests were bounded by
 // the daemon's own request parser.
 inline constexpr std::size_t kMaxDaemonMessageDepth = 4096;
+// A sandbox row's idleMs, at most (ten years): beyond it the row is a protocol error.
+inline constexpr std::int64_t kMaxIdleMs = std::int64_t{10} * 366 * 24 * 3600 * 1000;
 
 // A message without the fields its type needs.
 class ProtocolError : public std::runtime_error {

@@ -25,6 +25,7 @@
 #include <boost/json.hpp>
 #include <csignal>
 #include <cstdio>
+#include <limits>
 #include <string>
 #include <string_view>
 
@@ -127,6 +128,14 @@ void answer(const std::string& scenario, Lines& lines, const json::object& call)
     std::string deep = R"({"t":"result","id":)" + std::to_string(id) + R"(,"outcome":)";
     deep += std::string(100000, '[') + std::string(100000, ']') + "}\n";
     writeAll(deep);
+  } else if (scenario == "idle-overflow") {
+    // A row the daemon would subtract from its clock, overflowing it.
+    auto message = result(id, revision, 1);
+    message["own"] = json::object{{"calls", 1},
+                                  {"heapBytes", 1},
+                                  {"idleMs", std::numeric_limits<std::int64_t>::max()},
+                                  {"busy", false}};
+    send(message);
   } else if (scenario == "stray-results") {
     send(result(id + 1000, revision, "not yours"));
     send(result(id, revision, "first"));

@@ -1040,7 +1040,7 @@ bool noZombies() {
 
 TEST_CASE("a host that breaks the protocol is killed, and only its call fails", "[process][hostile]") {
   for (const std::string scenario :
-       {"not-json", "wrong-type", "unknown-type", "too-deep", "sandbox-flood"}) {
+       {"not-json", "wrong-type", "unknown-type", "too-deep", "sandbox-flood", "idle-overflow"}) {
     DYNAMIC_SECTION(scenario) {
       ProcessFixture f(processConfig(), hostileLaunch(scenario));
       auto tool = counterTool();

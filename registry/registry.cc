@@ -163,7 +163,10 @@ Result<ToolRevisionPtr> Registry::build(const std::string& revision, json::objec
 Result<ToolRevisionPtr> Registry::load(const std::string& revision) {
   {
     std::lock_guard lock(mutex_);
-    if (auto it = cache_.find(revision); it != cache_.end()) return it->second;
+    if (auto it = cache_.find(revision); it != cache_.end()) {
+      cacheOrder_.splice(cacheOrder_.begin(), cacheOrder_, it->second.used);
+      return it->second.tool;
+    }
   }
   if (!protocol::isContentHash(revision)) {
     return RegistryError{RegistryErrc::notFound, "\"" + revision.substr(0, 80) + "\" is not a revision (sha256:...)"};
@@ -202,8 +205,28 @@ Result<ToolRevisionPtr> Registry::load(const std::string& revision) {
   auto built = build(revision, std::move(*manifest), std::move(installedAt));
   if (!built) return built.error();
   std::lock_guard lock(mutex_);
-  cache_.emplace(revision, *built);
+  cacheLocked(revision, *built, row->manifest->size());
   return *built;
+}
+
+std::size_t Registry::cachedRevisions() const {
+  std::lock_guard lock(mutex_);
+  return cache_.size();
+}
+
+void Registry::cacheLocked(const std::string& revision, const ToolRevisionPtr& tool,
+                           std::size_t bytes) {
+  if (cache_.contains(revision)) return;  // another thread loaded it meanwhile
+  cacheOrder_.push_front(revision);
+  cache_.emplace(revision, Cached{tool, bytes, cacheOrder_.begin()});
+  cachedBytes_ += bytes;
+  while (cacheOrder_.size() > 1 &&
+         (cacheOrder_.size() > kMaxCachedRevisions || cachedBytes_ > kMaxCachedManifestBytes)) {
+    auto oldest = cache_.find(cacheOrder_.back());
+    cachedBytes_ -= oldest->second.bytes;
+    cache_.erase(oldest);
+    cacheOrder_.pop_back();
+  }
 }
 
 Result<ToolRevisionPtr> Registry::getRevision(const std::string& revision,

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <list>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -96,6 +97,9 @@ class Registry {
   // The JSON Schema every manifest must satisfy, as published in rpc.discover.
   static const boost::json::value& manifestSchema();
 
+  // Revisions held in memory as loaded (bounded: see cache_).
+  std::size_t cachedRevisions() const;
+
   // Validates and stores a manifest; the revision is the content hash of the manifest exactly as
   // submitted. Refuses trusted-native manifests and names of built-in tools.
   Result<InstallOutcome> install(const boost::json::object& manifest);
@@ -156,7 +160,20 @@ class Registry {
   std::optional<std::string> saltKey_;  // under mutex_, once read
 
   mutable std::mutex mutex_;
-  std::map<std::string, ToolRevisionPtr, std::less<>> cache_;
+  // Revisions as last loaded, most recently used first, within kMaxCachedRevisions and
+  // kMaxCachedManifestBytes of stored manifest text (their compiled schemas can be tens of
+  // times larger); the most recent one stays whatever its size. Under mutex_.
+  struct Cached {
+    ToolRevisionPtr tool;
+    std::size_t bytes = 0;
+    std::list<std::string>::iterator used;
+  };
+  static constexpr std::size_t kMaxCachedRevisions = 256;
+  static constexpr std::size_t kMaxCachedManifestBytes = 8 * 1024 * 1024;
+  std::map<std::string, Cached, std::less<>> cache_;
+  std::list<std::string> cacheOrder_;
+  std::size_t cachedBytes_ = 0;
+  void cacheLocked(const std::string& revision, const ToolRevisionPtr& tool, std::size_t bytes);
   std::map<std::string, NativeTool, std::less<>> natives_;  // by revision
   // Bindings as last read (every tools.call by name reads one). A read from the store fills the
   // cache only if no binding write completed since that read began (bindingsGeneration_), so a

@@ -733,6 +733,41 @@ TEST_CASE("one validation is bounded in time and memory whatever the instance", 
                              JsonSchema::kMaxPairsForArguments));
 }
 
+TEST_CASE("loaded revisions are cached within a count and a size", "[registry]") {
+  TempStore temp;
+  Registry registry(*temp.store);
+  // Every revision ever called stayed in memory with its compiled schemas.
+  std::vector<std::string> revisions;
+  for (int i = 0; i < 300; ++i) {
+    auto installed =
+        registry.install(manifest("counted", "export default async () => " + std::to_string(i)));
+    REQUIRE(installed.has_value());
+    revisions.push_back(installed->revision);
+    REQUIRE(registry.getRevision(installed->revision, std::nullopt).has_value());
+  }
+  CHECK(registry.cachedRevisions() == 256);
+  // An evicted revision loads again, the same.
+  auto first = registry.getRevision(revisions.front(), std::string("counted"));
+  REQUIRE(first.has_value());
+  CHECK((*first)->revision == revisions.front());
+  CHECK((*first)->parameters.validate(json::parse(R"({"city":"Paris"})")) == std::nullopt);
+  // Large manifests: 8 MiB of them at most.
+  const std::string big(1900 * 1024, ' ');  // within the 2 MiB of source a manifest may have
+  ToolRevisionPtr loaded;
+  for (int i = 0; i < 6; ++i) {
+    auto installed = registry.install(
+        manifest("large", "export default async () => " + std::to_string(i) + big));
+    REQUIRE(installed.has_value());
+    auto got = registry.getRevision(installed->revision, std::nullopt);
+    REQUIRE(got.has_value());
+    loaded = *got;
+  }
+  CHECK(registry.cachedRevisions() == 4);
+  auto again = registry.getRevision(loaded->revision, std::nullopt);
+  REQUIRE(again.has_value());
+  CHECK(again->get() == loaded.get());  // from the cache
+}
+
 TEST_CASE("a manifest stored before a rule tightened installs again as stored", "[registry]") {
   TempStore temp;
   Registry registry(*temp.store);

@@ -47,10 +47,11 @@ asio::awaitable<std::optional<json::value>> Dispatcher::serve(CallContext& conte
                                                               protocol::Request request) {
   // The clock is read only for the debug log, which is usually off.
   const bool timed = spdlog::should_log(spdlog::level::debug);
+  // The client's text: a method name of megabytes must not go into every log line whole.
+  const std::string method = logText(request.method, 64);
   const auto started =
       timed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
-  spdlog::debug("conn={} req={} method={} start", context.connectionId, context.requestId,
-                request.method);
+  spdlog::debug("conn={} req={} method={} start", context.connectionId, context.requestId, method);
   MethodResult result = protocol::makeError(protocol::rpc_error::kInternalError, "internal", "");
   try {
     result = co_await invoke(context, request);
@@ -59,7 +60,7 @@ asio::awaitable<std::optional<json::value>> Dispatcher::serve(CallContext& conte
       result = appError(app_error::kCancelled, "cancelled", "the request was cancelled");
     } else {
       spdlog::error("conn={} req={} method={} failed: {}", context.connectionId, context.requestId,
-                    request.method, error.what());
+                    method, error.what());
       result = protocol::makeError(protocol::rpc_error::kInternalError, "internal",
                                    "internal error; the daemon log has the details (conn " +
                                        std::to_string(context.connectionId) + ", request " +
@@ -67,7 +68,7 @@ asio::awaitable<std::optional<json::value>> Dispatcher::serve(CallContext& conte
     }
   } catch (const std::exception& error) {
     spdlog::error("conn={} req={} method={} failed: {}", context.connectionId, context.requestId,
-                  request.method, error.what());
+                  method, error.what());
     result = protocol::makeError(protocol::rpc_error::kInternalError, "internal",
                                  "internal error; the daemon log has the details (conn " +
                                      std::to_string(context.connectionId) + ", request " +
@@ -78,13 +79,14 @@ asio::awaitable<std::optional<json::value>> Dispatcher::serve(CallContext& conte
       const auto micros = std::chrono::duration_cast<std::chrono::microseconds>(
                               std::chrono::steady_clock::now() - started)
                               .count();
-      spdlog::debug("conn={} req={} method={} ok in {} us", context.connectionId,
-                    context.requestId, request.method, micros);
+      spdlog::debug("conn={} req={} method={} ok in {} us", context.connectionId, context.requestId,
+                    method, micros);
     }
-  } else {
-    spdlog::warn("conn={} req={} method={} error {} ({}): {}", context.connectionId,
-                 context.requestId, request.method, result.error().code, result.error().kind,
-                 result.error().detail);
+  } else if (std::string note; context.logBudget == nullptr || context.logBudget->allow(note)) {
+    // Method and detail are the client's text (a name of megabytes would be logged twice).
+    spdlog::warn("conn={} req={} method={} error {} ({}): {}{}", context.connectionId,
+                 context.requestId, method, result.error().code, result.error().kind,
+                 logText(result.error().detail, 300), note);
   }
   if (request.isNotification()) co_return std::nullopt;
   if (result) co_return json::value(protocol::resultResponse(*request.id, std::move(*result)));

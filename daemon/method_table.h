@@ -3,6 +3,7 @@
 // starts; read-only (so safe from any thread) afterwards.
 #pragma once
 
+#include "daemon/log_budget.h"
 #include "daemon/roles.h"
 #include "protocol/jsonrpc.h"
 #include "registry/json_schema.h"
@@ -30,6 +31,7 @@ struct CallContext {
   PeerCredentials peer;
   RoleSet roles;
   std::shared_ptr<Session> session;  // for server-to-client notifications
+  LogBudget* logBudget = nullptr;    // the connection's, for lines about its failed requests
 };
 
 using MethodResult = boost::system::result<boost::json::value, protocol::RpcError>;

@@ -159,8 +159,10 @@ void registerPolicyMethods(MethodTable& methods, PolicyServices services) {
         if (!already && context.session) {
           context.session->onClose([&approvals, id] { approvals.removeApprover(id); });
         }
-        spdlog::info("conn={} subscribed as an approver ({} prompt(s) pending)", id,
-                     pending.size());
+        if (!already) {
+          spdlog::info("conn={} subscribed as an approver ({} prompt(s) pending)", id,
+                       pending.size());
+        }
         co_return json::value(json::object{{"subscribed", true}, {"pending", std::move(pending)}});
       }});
 

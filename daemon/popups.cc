@@ -174,7 +174,7 @@ void registerPopupMethods(MethodTable& methods, PopupHosts& popups) {
         if (!already && context.session) {
           context.session->onClose([&popups, id] { popups.removeHost(id); });
         }
-        spdlog::info("conn={} subscribed as a popup host", id);
+        if (!already) spdlog::info("conn={} subscribed as a popup host", id);
         co_return json::value(json::object{{"subscribed", true}, {"hosts", popups.hostCount()}});
       }});
 

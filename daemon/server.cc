@@ -223,7 +223,9 @@ void Server::startSession(stream_protocol::socket socket) {
   std::uint64_t id = nextId_++;
   PeerCredentials peer;
   if (!readPeerCredentials(socket.native_handle(), peer)) {
-    spdlog::warn("conn={} no peer credentials: {}; closing", id, errnoText(errno));
+    if (std::string note; refusedLog_.allow(note)) {
+      spdlog::warn("conn={} no peer credentials: {}; closing{}", id, errnoText(errno), note);
+    }
     return;
   }
   // The daemon never calls itself: a connection from its own process is an external-service
@@ -246,8 +248,10 @@ void Server::startSession(stream_protocol::socket socket) {
   std::shared_ptr<const Config> config = configs_.current();
   RoleSet roles = config->access.rolesFor(peer);
   if (roles.empty()) {
-    spdlog::warn("conn={} refused uid={} gid={} pid={}: no access rule allows it", id, peer.uid,
-                 peer.gid, peer.pid);
+    if (std::string note; refusedLog_.allow(note)) {
+      spdlog::warn("conn={} refused uid={} gid={} pid={}: no access rule allows it{}", id, peer.uid,
+                   peer.gid, peer.pid, note);
+    }
     refuse(std::move(socket),
            protocol::RpcError{app_error::kUnauthorized,
                               std::string(app_error::message(app_error::kUnauthorized)),
@@ -260,10 +264,12 @@ void Server::startSession(stream_protocol::socket socket) {
   // Each connection may hold a partial line and answers in memory: their number is bounded too.
   // Admins are always let in, so that a flood of other clients never locks the operator out.
   if (!roles.has(Role::admin) && connectionCount() >= config->maxConnections) {
-    spdlog::warn(
-        "conn={} refused uid={} pid={}: {} connections are open, the limit "
-        "([limits] max_connections)",
-        id, peer.uid, peer.pid, config->maxConnections);
+    if (std::string note; refusedLog_.allow(note)) {
+      spdlog::warn(
+          "conn={} refused uid={} pid={}: {} connections are open, the limit "
+          "([limits] max_connections){}",
+          id, peer.uid, peer.pid, config->maxConnections, note);
+    }
     refuse(std::move(socket),
            protocol::RpcError{app_error::kOverloaded,
                               std::string(app_error::message(app_error::kOverloaded)),

@@ -111,11 +111,13 @@ std::string Session::answerLine(const json::value& response) {
     return text;
   }
   const bool connection = held + text.size() > kMaxHeldAnswerBytes;
-  spdlog::warn(
-      "conn={} an answer of {} bytes was replaced by output-too-large: {} bytes of answers "
-      "are waiting to be read {}",
-      id_, text.size(), connection ? held : daemonHeld,
-      connection ? "on this connection" : "in the daemon");
+  if (std::string note; logBudget_.allow(note)) {
+    spdlog::warn(
+        "conn={} an answer of {} bytes was replaced by output-too-large: {} bytes of answers "
+        "are waiting to be read {}{}",
+        id_, text.size(), connection ? held : daemonHeld,
+        connection ? "on this connection" : "in the daemon", note);
+  }
   const json::value* id = response.is_object() ? response.as_object().if_contains("id") : nullptr;
   auto error = protocol::makeError(
       app_error::kOutputTooLarge, "output-too-large",
@@ -400,14 +402,20 @@ bool Session::roomFor(std::size_t slots) const {
 void Session::handle(Decoded decoded, std::size_t slots) {
   inFlight_ += slots;
   if (!decoded) {
-    spdlog::warn("conn={} {} ({})", id_, decoded.error().detail, decoded.error().kind);
+    if (std::string note; logBudget_.allow(note)) {
+      spdlog::warn("conn={} {} ({}){}", id_, logText(decoded.error().detail, 300),
+                   decoded.error().kind, note);
+    }
     enqueue(protocol::encodeLine(protocol::errorResponse(nullptr, decoded.error())), slots);
     return;
   }
   if (!decoded->batch) {
     auto& entry = decoded->entries.front();
     if (auto* invalid = std::get_if<protocol::InvalidEntry>(&entry)) {
-      spdlog::warn("conn={} invalid request: {}", id_, invalid->error.detail);
+      if (std::string note; logBudget_.allow(note)) {
+        spdlog::warn("conn={} invalid request: {}{}", id_, logText(invalid->error.detail, 300),
+                     note);
+      }
       enqueue(protocol::encodeLine(protocol::errorResponse(invalid->id, invalid->error)), 1);
       return;
     }
@@ -505,7 +513,8 @@ asio::awaitable<void> Session::serveRequest(std::shared_ptr<Session> self, proto
                                             std::uint64_t key) {
   CallContext context;
   context.connectionId = id_;
-  context.requestId = idText.value_or("-");
+  context.requestId = logText(idText.value_or("-"), 64);  // for log lines
+  context.logBudget = &logBudget_;
   context.peer = peer_;
   context.roles = roles_;
   context.session = self;

@@ -149,6 +149,7 @@ class Session : public std::enable_shared_from_this<Session> {
   Dispatcher& dispatcher_;
   protocol::WireLimits limits_;
   protocol::LineFramer framer_;
+  LogBudget logBudget_;  // lines about this connection's bad input and failed requests
 
   std::size_t inFlight_ = 0;
   bool stopReading_ = false;  // shutdown, over-long line, or EOF

@@ -135,3 +135,32 @@ TEST_CASE("the OpenRPC document lists methods with params and roles", "[dispatch
   CHECK(sawEcho);
   CHECK(sawAdminOnly);
 }
+
+TEST_CASE("a log budget allows a burst then a rate and counts what it held back", "[logging]") {
+  using toolhost::daemon::LogBudget;
+  LogBudget budget(10, 5);
+  const auto start = LogBudget::Clock::now();
+  std::string note;
+  for (int i = 0; i < 5; ++i) CHECK(budget.allow(note, start));
+  CHECK(note.empty());
+  CHECK_FALSE(budget.allow(note, start));
+  CHECK_FALSE(budget.allow(note, start));
+  // A tenth of a second later, one more line, which says how many were not written.
+  CHECK(budget.allow(note, start + std::chrono::milliseconds(100)));
+  CHECK(note == " (2 similar line(s) before this one were not logged)");
+  CHECK_FALSE(budget.allow(note, start + std::chrono::milliseconds(100)));
+  // The burst refills, never beyond it.
+  const auto later = start + std::chrono::seconds(60);
+  for (int i = 0; i < 5; ++i) CHECK(budget.allow(note, later));
+  CHECK_FALSE(budget.allow(note, later));
+}
+
+TEST_CASE("client text in a log line is cut at a character boundary", "[logging]") {
+  using toolhost::daemon::logText;
+  CHECK(logText("short", 10) == "short");
+  CHECK(logText(std::string(300, 'a'), 200) == std::string(200, 'a') + "...(300 bytes)");
+  // "é" is two bytes: a cut inside it goes back to its start.
+  const std::string accents = "ab\xC3\xA9\xC3\xA9";
+  CHECK(logText(accents, 3) == "ab...(6 bytes)");
+  CHECK(logText(accents, 4) == "ab\xC3\xA9...(6 bytes)");
+}

@@ -495,3 +495,29 @@ TEST_CASE("cancel notifications get through while max_in_flight holds the rest b
   }
   CHECK(answered == std::set<std::string>{"7", "8", "batch"});
 }
+
+TEST_CASE("a client's failing requests cannot flood the daemon's log", "[e2e][jsonrpc]") {
+  auto daemon = DaemonProcess::start();
+  RawClient client(daemon->socket());
+  const std::size_t before = daemon->log().size();
+  // Notifications are never answered: nothing to read, nothing to slow the client down. Each
+  // names a method of 100 KB, and malformed lines come between them.
+  const std::string method(100 * 1024, 'm');
+  std::string burst;
+  for (int i = 0; i < 20; ++i) {
+    burst += R"({"jsonrpc":"2.0","method":")" + method + "\"}\n";
+    burst += "{not json\n";
+  }
+  for (int round = 0; round < 25; ++round) {  // 1000 bad lines, 50 MB
+    client.send(burst);
+    for (int i = 0; i < 20; ++i) CHECK(client.readJson().at("error").at("code") == -32700);
+  }
+  // The request after them is answered: everything before it was read.
+  CHECK(client.call("ping").contains("result"));
+  const std::string log = daemon->log().substr(before);
+  // About the first 200 lines, each with the method cut to 64 bytes and the error's detail
+  // (which names it) to 300; 50 MB of method names were logged twice each before.
+  CHECK(log.size() < 400 * 1024);
+  CHECK(log.find(std::string(301, 'm')) == std::string::npos);
+  CHECK(log.find("(102400 bytes)") != std::string::npos);
+}

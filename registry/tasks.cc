@@ -462,16 +462,23 @@ namespace {
 
 // Checks call arguments against what a call pinned to `definition` would run: the definition's
 // parameters, and for a binding also the parameters of the registry revision it pins.
-std::optional<RegistryError> checkDefinitionArguments(Registry& registry,
-                                                      const json::object& definition,
-                                                      const json::object& arguments,
-                                                      const std::string& where,
-                                                      const std::string& definitionId) {
+// The parameters of definitions compiled so far in one request, by definition id: a request of
+// a thousand calls to one definition compiles it once.
+using DefinitionSchemas = std::map<std::string, JsonSchema, std::less<>>;
+
+std::optional<RegistryError> checkDefinitionArguments(
+    Registry& registry, const json::object& definition, const json::object& arguments,
+    const std::string& where, const std::string& definitionId, DefinitionSchemas& compiled) {
   const std::string name = stringAt(definition, "name");
-  auto schema =
-      compileToolSchema(definition.at("parameters"), "definition " + definitionId + " parameters");
-  if (!schema) return schema.error();
-  if (auto violation = schema->validate(arguments)) {
+  auto known = compiled.find(definitionId);
+  if (known == compiled.end()) {
+    auto schema = compileToolSchema(definition.at("parameters"),
+                                    "definition " + definitionId + " parameters");
+    if (!schema) return schema.error();
+    known = compiled.emplace(definitionId, std::move(*schema)).first;
+  }
+  // The agent wrote both the schema and the arguments: validation is bounded as for a tool's.
+  if (auto violation = known->second.validate(arguments, JsonSchema::kMaxPairsForArguments)) {
     return RegistryError{RegistryErrc::invalidArguments,
                          where + ": the arguments do not match the parameters of " + name +
                              " (defined by " + definitionId +
@@ -541,6 +548,7 @@ Result<json::array> TaskStore::compile(const json::array& drafts,
   }
 
   // Definitions in scope of the next draft, and every task of its lineage (for callIds).
+  DefinitionSchemas definitionSchemas;
   auto visible = std::move(stored.definitions);
   auto ancestors = std::move(stored.ancestors);
   std::optional<std::string> previous = parentId;
@@ -578,7 +586,7 @@ Result<json::array> TaskStore::compile(const json::array& drafts,
       if (auto it = visible.find(name); it != visible.end()) {
         // Nearest lineage definition: the call is pinned to the definition's identity.
         if (auto e = checkDefinitionArguments(registry_, it->second.definition, arguments, where,
-                                              it->second.id)) {
+                                              it->second.id, definitionSchemas)) {
           return *e;
         }
         pinned["toolRevision"] = it->second.id;
@@ -766,6 +774,7 @@ Result<PreparedCommit> TaskStore::prepareCommit(const json::array& tasks) {
     auto it = lineage.ancestors.find(id);
     return it == lineage.ancestors.end() ? nullptr : &it->second;
   };
+  DefinitionSchemas definitionSchemas;
   for (std::size_t i = 0; i < entries.size(); ++i) {
     const Entry& entry = entries[i];
     const std::string where = "tasks[" + std::to_string(i) + "]";
@@ -786,7 +795,7 @@ Result<PreparedCommit> TaskStore::prepareCommit(const json::array& tasks) {
                          "settings revision");
         }
         if (auto e = checkDefinitionArguments(registry_, *ancestor->definition, arguments, where,
-                                              revision)) {
+                                              revision, definitionSchemas)) {
           return *e;
         }
       } else {

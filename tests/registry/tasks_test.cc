@@ -680,3 +680,29 @@ TEST_CASE("messages shows the lineage as chat messages without definitions", "[t
     CHECK(protocol::writeJson(message).find("tooldefinition") == std::string::npos);
   }
 }
+
+TEST_CASE("a lineage definition's arguments are checked within bounds", "[tasks][limits]") {
+  Fixture f;
+  auto root = f.append(kUser);
+  // The agent writes the schema and the arguments: 1000 allOf entries against 100,000 values
+  // took 34 s on the thread that reads lineages.
+  json::object definition = codeDefinition("wide", "export default async (a) => a");
+  json::array entries(1000, json::value(object(R"({"type":"number"})")));
+  definition["definition"].as_object()["parameters"] = json::object{
+      {"type", "object"},
+      {"properties",
+       json::object{
+           {"xs", json::object{{"type", "array"}, {"items", json::object{{"allOf", entries}}}}}}}};
+  auto bad = failure(f.tasks.compile(
+      json::array{definition, callDraft("wide", json::object{{"xs", json::array(100'000, 1)}})},
+      idOf(root[0])));
+  CHECK(bad.code == RegistryErrc::invalidArguments);
+  CHECK_THAT(bad.detail, Catch::Contains("too large to check"));
+  // Many calls of one definition in one request: fine (it is compiled once).
+  json::array many{definition};
+  for (int i = 0; i < 200; ++i)
+    many.push_back(callDraft("wide", json::object{{"xs", json::array{i}}}));
+  auto compiled = f.tasks.compile(many, idOf(root[0]));
+  REQUIRE(compiled.has_value());
+  CHECK(compiled->size() == 201);
+}

@@ -140,7 +140,9 @@ int run(const daemon::Config& config, const daemon::CommandLine& commandLine) {
       return 1;
     }
   }
-  registry::TaskStore taskStore(store, registry);
+  registry::TaskLimits taskLimits;
+  taskLimits.maxStoredBytes = std::uint64_t{config.mapSizeMb} * 1024 * 1024 / 2;
+  registry::TaskStore taskStore(store, registry, taskLimits);
   // ctx.storage: values per tool name, written on the storage host's own thread (below).
   registry::ToolStorage toolStorage(store);
 

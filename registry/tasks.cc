@@ -842,6 +842,20 @@ Result<PreparedCommit> TaskStore::prepareCommit(const json::array& tasks) {
 }
 
 Result<CommitOutcome> TaskStore::writeCommit(const PreparedCommit& prepared) {
+  if (limits_.maxStoredBytes > 0) {
+    std::uint64_t adding = 0;
+    for (const auto& [id, canonical] : prepared.tasks) adding += id.size() + canonical.size();
+    auto stored = store_.read([&](store::ReadTxn& txn) { return txn.bytes(tasks_); });
+    if (!stored) return storageError(store_, stored.error());
+    if (*stored + adding > limits_.maxStoredBytes) {
+      return RegistryError{
+          RegistryErrc::storage,
+          "the stored tasks take " + std::to_string(*stored) + " bytes and these " +
+              std::to_string(adding) + " more, past the " + std::to_string(limits_.maxStoredBytes) +
+              " bytes tasks may take of the state database (half of [store] map_size_mb); "
+              "an administrator can raise map_size_mb"};
+    }
+  }
   // One transaction: every task or none.
   auto written = store_.write([&](store::WriteTxn& txn) -> boost::system::result<std::size_t> {
     std::size_t created = 0;

@@ -51,6 +51,10 @@ struct TaskLimits {
   std::size_t maxDepth = 200;                  // JSON nesting inside one task
   std::size_t maxDescriptionBytes = 8 * 1024;  // a tooldefinition's description
   std::size_t maxModules = 64;                 // a code definition's modules
+  // What the stored tasks may take of the state database (its pages), so that tasks, which any
+  // agent may commit and nothing deletes, cannot fill it for installs, decisions and storage.
+  // 0: no bound (the daemon sets half of [store] map_size_mb).
+  std::uint64_t maxStoredBytes = 0;
 };
 
 // Tasks TaskStore::prepareCommit checked, for writeCommit: {id, canonical text}, in order.

@@ -587,16 +587,21 @@ std::optional<std::string> ReadTxn::getCopy(Table table, std::string_view key) {
   return std::nullopt;
 }
 
-std::uint64_t ReadTxn::count(Table table) {
+std::pair<std::uint64_t, std::uint64_t> ReadTxn::stat(Table table, const char* op) {
   const unsigned dbi = dbiOf(table);
-  if (error_) return 0;
+  if (error_) return {0, 0};
   MDB_stat st{};
   if (int rc = mdb_stat(txn_, dbi, &st)) {
-    fail(rc, "count", table);
-    return 0;
+    fail(rc, op, table);
+    return {0, 0};
   }
-  return st.ms_entries;
+  return {st.ms_entries, (st.ms_branch_pages + st.ms_leaf_pages + st.ms_overflow_pages) *
+                             static_cast<std::uint64_t>(st.ms_psize)};
 }
+
+std::uint64_t ReadTxn::count(Table table) { return stat(table, "count").first; }
+
+std::uint64_t ReadTxn::bytes(Table table) { return stat(table, "bytes").second; }
 
 void ReadTxn::scanImpl(Table table, const KeyRange& range,
                        detail::FunctionRef<bool(std::string_view, std::string_view)> visit) {

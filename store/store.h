@@ -185,6 +185,8 @@ class ReadTxn {
   bool contains(Table table, std::string_view key) { return tryGet(table, key).has_value(); }
   // Entries in the table (as of this transaction, including its own writes).
   std::uint64_t count(Table table);
+  // The bytes of the pages the table takes (branch, leaf and overflow pages).
+  std::uint64_t bytes(Table table);
 
   // Calls visit(key, value) for each entry in `range`, in key order (or reverse). The visitor
   // returns bool (false stops the scan) or void (visit everything). It must not modify the
@@ -214,6 +216,8 @@ class ReadTxn {
   unsigned dbiOf(Table table) const;  // std::logic_error for a Table of another Store
   bool checkKey(std::string_view key, const char* op, Table table);
   void fail(int rc, const char* op, Table table);
+  // mdb_stat of the table: entries, then the bytes of its pages (zeros after a failure).
+  std::pair<std::uint64_t, std::uint64_t> stat(Table table, const char* op);
 
   const Store* store_;
   MDB_txn* txn_;  // null once committed

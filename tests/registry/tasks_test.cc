@@ -706,3 +706,35 @@ TEST_CASE("a lineage definition's arguments are checked within bounds", "[tasks]
   REQUIRE(compiled.has_value());
   CHECK(compiled->size() == 201);
 }
+
+TEST_CASE("stored tasks stay within their share of the state database", "[tasks][limits]") {
+  Fixture f;
+  TaskLimits limits;
+  limits.maxStoredBytes = 256 * 1024;
+  TaskStore bounded(*f.store, f.registry, limits);
+  const std::string text(20 * 1024, 'x');
+  std::optional<std::string> parent;
+  int committed = 0;
+  RegistryError refused{RegistryErrc::notFound, ""};
+  for (int i = 0; i < 100; ++i) {
+    json::array draft{
+        json::object{{"kind", "message"}, {"role", "user"}, {"content", text + std::to_string(i)}}};
+    auto compiled = bounded.compile(draft, parent);
+    REQUIRE(compiled.has_value());
+    auto outcome = bounded.commit(*compiled);
+    if (!outcome) {
+      refused = outcome.error();
+      break;
+    }
+    parent = str(compiled->at(0).at("id"));
+    ++committed;
+  }
+  // Every task wrote 20 KiB: about a dozen fit in 256 KiB of pages.
+  CHECK(committed >= 5);
+  CHECK(committed < 14);
+  CHECK(refused.code == RegistryErrc::storage);
+  CHECK_THAT(refused.detail, Catch::Contains("map_size_mb"));
+  // Everything else still writes, and what was committed is there.
+  f.installActive("after");
+  CHECK(f.stored(*parent));
+}

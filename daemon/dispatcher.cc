@@ -82,7 +82,8 @@ asio::awaitable<std::optional<json::value>> Dispatcher::serve(CallContext& conte
       spdlog::debug("conn={} req={} method={} ok in {} us", context.connectionId, context.requestId,
                     method, micros);
     }
-  } else if (std::string note; context.logBudget == nullptr || context.logBudget->allow(note)) {
+  } else if (std::string note;
+             context.logBudget == nullptr || allowClientLine(*context.logBudget, note)) {
     // Method and detail are the client's text (a name of megabytes would be logged twice).
     spdlog::warn("conn={} req={} method={} error {} ({}): {}{}", context.connectionId,
                  context.requestId, method, result.error().code, result.error().kind,

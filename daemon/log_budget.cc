@@ -29,6 +29,22 @@ bool LogBudget::allow(std::string& note, Clock::time_point now) {
   return true;
 }
 
+namespace {
+LogBudget& everyClient() {
+  static LogBudget budget(50, 500);
+  return budget;
+}
+}  // namespace
+
+bool allowClientLine(LogBudget& connection, std::string& note) {
+  std::string shared;
+  if (!connection.allow(note) || !everyClient().allow(shared)) return false;
+  if (note.empty()) note = shared;
+  return true;
+}
+
+bool allowClientLine(std::string& note) { return everyClient().allow(note); }
+
 std::string logText(std::string_view text, std::size_t max) {
   if (text.size() <= max) return std::string(text);
   std::size_t cut = max;

@@ -33,6 +33,12 @@ class LogBudget {
   std::uint64_t withheld_ = 0;
 };
 
+// For a line a client caused: within its connection's budget and the daemon-wide one for
+// every client's lines (so that many connections, or reconnecting, cannot get around it).
+bool allowClientLine(LogBudget& connection, std::string& note);
+// Within the daemon-wide budget only (a line once per connection, a refused connection).
+bool allowClientLine(std::string& note);
+
 // `text` as a log line may carry it: at most `max` bytes (cut at a UTF-8 boundary), with the
 // length it had when longer.
 std::string logText(std::string_view text, std::size_t max = 200);

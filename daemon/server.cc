@@ -223,7 +223,7 @@ void Server::startSession(stream_protocol::socket socket) {
   std::uint64_t id = nextId_++;
   PeerCredentials peer;
   if (!readPeerCredentials(socket.native_handle(), peer)) {
-    if (std::string note; refusedLog_.allow(note)) {
+    if (std::string note; allowClientLine(note)) {
       spdlog::warn("conn={} no peer credentials: {}; closing{}", id, errnoText(errno), note);
     }
     return;
@@ -248,7 +248,7 @@ void Server::startSession(stream_protocol::socket socket) {
   std::shared_ptr<const Config> config = configs_.current();
   RoleSet roles = config->access.rolesFor(peer);
   if (roles.empty()) {
-    if (std::string note; refusedLog_.allow(note)) {
+    if (std::string note; allowClientLine(note)) {
       spdlog::warn("conn={} refused uid={} gid={} pid={}: no access rule allows it{}", id, peer.uid,
                    peer.gid, peer.pid, note);
     }
@@ -264,7 +264,7 @@ void Server::startSession(stream_protocol::socket socket) {
   // Each connection may hold a partial line and answers in memory: their number is bounded too.
   // Admins are always let in, so that a flood of other clients never locks the operator out.
   if (!roles.has(Role::admin) && connectionCount() >= config->maxConnections) {
-    if (std::string note; refusedLog_.allow(note)) {
+    if (std::string note; allowClientLine(note)) {
       spdlog::warn(
           "conn={} refused uid={} pid={}: {} connections are open, the limit "
           "([limits] max_connections){}",

@@ -67,7 +67,6 @@ class Server {
   dev_t socketDevice_ = 0;
   ino_t socketInode_ = 0;
   std::atomic<std::uint64_t> nextId_{1};
-  LogBudget refusedLog_;  // lines about refused connections (any local user may cause them)
   mutable std::mutex mutex_;
   std::map<std::uint64_t, std::weak_ptr<Session>> sessions_;
 };

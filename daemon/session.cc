@@ -111,7 +111,7 @@ std::string Session::answerLine(const json::value& response) {
     return text;
   }
   const bool connection = held + text.size() > kMaxHeldAnswerBytes;
-  if (std::string note; logBudget_.allow(note)) {
+  if (std::string note; allowClientLine(logBudget_, note)) {
     spdlog::warn(
         "conn={} an answer of {} bytes was replaced by output-too-large: {} bytes of answers "
         "are waiting to be read {}{}",
@@ -181,7 +181,10 @@ asio::awaitable<void> Session::readLoop() {
             protocol::rpc_error::kInvalidRequest, "limit-exceeded",
             "a message is longer than the limit of " + std::to_string(limits_.maxMessageBytes) +
                 " bytes; the connection is closed");
-        spdlog::warn("conn={} message over {} bytes; closing", id_, limits_.maxMessageBytes);
+        if (std::string note; allowClientLine(note)) {
+          spdlog::warn("conn={} message over {} bytes; closing{}", id_, limits_.maxMessageBytes,
+                       note);
+        }
         enqueue(protocol::encodeLine(protocol::errorResponse(nullptr, error)), 0);
         stopReading_ = true;
         co_return;
@@ -402,7 +405,7 @@ bool Session::roomFor(std::size_t slots) const {
 void Session::handle(Decoded decoded, std::size_t slots) {
   inFlight_ += slots;
   if (!decoded) {
-    if (std::string note; logBudget_.allow(note)) {
+    if (std::string note; allowClientLine(logBudget_, note)) {
       spdlog::warn("conn={} {} ({}){}", id_, logText(decoded.error().detail, 300),
                    decoded.error().kind, note);
     }
@@ -412,7 +415,7 @@ void Session::handle(Decoded decoded, std::size_t slots) {
   if (!decoded->batch) {
     auto& entry = decoded->entries.front();
     if (auto* invalid = std::get_if<protocol::InvalidEntry>(&entry)) {
-      if (std::string note; logBudget_.allow(note)) {
+      if (std::string note; allowClientLine(logBudget_, note)) {
         spdlog::warn("conn={} invalid request: {}{}", id_, logText(invalid->error.detail, 300),
                      note);
       }
@@ -646,7 +649,9 @@ void Session::notify(json::object message) {
   asio::post(socket_.get_executor(), [self = shared_from_this(), message = std::move(message)]() {
     if (self->peerGone_ || !self->socket_.is_open()) return;
     if (self->queuedBytes_ > kMaxQueuedNotificationBytes) {
-      spdlog::warn("conn={} is not reading its notifications; disconnecting", self->id_);
+      if (std::string note; allowClientLine(note)) {
+        spdlog::warn("conn={} is not reading its notifications; disconnecting{}", self->id_, note);
+      }
       self->peerGone();
       return;
     }

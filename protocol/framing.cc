@@ -52,12 +52,20 @@ LineFramer::Status LineFramer::next(std::string_view& line) {
       if (available == 0) {
         end_ = 0;
         start_ = 0;
-        // A long line grew the buffer (doubling, up to twice the line limit): give it back
-        // once it is consumed, or every connection that ever sent one keeps its size while idle.
-        if (capacity_ > kKeptCapacity) {
-          buffer_.reset();
-          capacity_ = 0;
+      }
+      // A long line grew the buffer (doubling, up to twice the line limit): give it back once
+      // it is consumed, or every connection that ever sent one keeps its size while idle. What
+      // follows it (the start of the next line) moves to a buffer of the kept size.
+      if (capacity_ > kKeptCapacity && available <= kKeptCapacity / 2) {
+        std::unique_ptr<char[]> kept;
+        if (available > 0) {
+          kept = std::make_unique_for_overwrite<char[]>(kKeptCapacity);
+          std::memcpy(kept.get(), begin, available);
         }
+        buffer_ = std::move(kept);
+        capacity_ = available > 0 ? kKeptCapacity : 0;
+        start_ = 0;
+        end_ = available;
       }
       return Status::needMore;
     }

@@ -32,9 +32,8 @@ class LineFramer {
 
   std::size_t maxLineBytes() const { return maxLineBytes_; }
   std::size_t buffered() const { return end_ - start_; }
-  std::size_t capacity() const {
-    return capacity_;
-  }  // the buffer's size (at most 128 KiB when empty)
+  // The buffer's size: at most 128 KiB once next() or peek() said needMore with little buffered.
+  std::size_t capacity() const { return capacity_; }
 
  private:
   void compact();

@@ -717,7 +717,7 @@ TEST_CASE("one validation is bounded in time and memory whatever the instance", 
   auto placed = strings->validate(json::object{{"tags", few}});
   REQUIRE(placed);
   CHECK(placed->path == "/tags/999");
-  // A schema of 3000 values against 100,000 values is past the 10^8 pairs arguments may take.
+  // A schema of 3000 values against 100,000 values is past the 2 * 10^7 pairs arguments may take.
   json::array entries(1000, json::parse(R"({"type":"number"})"));
   auto wide = JsonSchema::compile(json::object{
       {"type", "object"},
@@ -746,6 +746,18 @@ TEST_CASE("loaded revisions are cached within a count and a size", "[registry]")
     REQUIRE(registry.getRevision(installed->revision, std::nullopt).has_value());
   }
   CHECK(registry.cachedRevisions() == 256);
+  // Least recently used first out: one used again stays while newer ones come.
+  auto kept = registry.getRevision(revisions[100], std::nullopt);
+  REQUIRE(kept.has_value());
+  for (int i = 0; i < 100; ++i) {
+    auto installed =
+        registry.install(manifest("counted", "export default async () => -" + std::to_string(i)));
+    REQUIRE(installed.has_value());
+    REQUIRE(registry.getRevision(installed->revision, std::nullopt).has_value());
+  }
+  auto still = registry.getRevision(revisions[100], std::nullopt);
+  REQUIRE(still.has_value());
+  CHECK(still->get() == kept->get());
   // An evicted revision loads again, the same.
   auto first = registry.getRevision(revisions.front(), std::string("counted"));
   REQUIRE(first.has_value());

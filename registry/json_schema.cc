@@ -402,6 +402,16 @@ boost::system::result<JsonSchema, SchemaError> JsonSchema::compile(const boost::
     return SchemaError{*refused};
   }
   if (auto refused = checkKeywords(schema)) return SchemaError{*refused};
+  // Annotations are never compared with an instance: they do not count against the bound of a
+  // validation (enum and const values do).
+  std::size_t annotations = 0;
+  Pointer at;
+  visitSchema(schema, at, [&](const boost::json::object& node, const Pointer&) {
+    for (const char* keyword : {"examples", "default"}) {
+      if (const auto* data = node.if_contains(keyword)) annotations += countValues(*data);
+    }
+  });
+  compiled.expandedValues_ -= std::min(annotations, compiled.expandedValues_ - 1);
   compiled.document_ = std::make_shared<const boost::json::value>(schema);
   try {
     compiled.validatedDocument_ =

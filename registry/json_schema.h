@@ -55,7 +55,8 @@ class JsonSchema {
   std::optional<SchemaViolation> validate(
       const boost::json::value& instance,
       std::size_t maxPairs = std::numeric_limits<std::size_t>::max()) const;
-  // The schema's values with every reference written out (what maxPairs counts).
+  // The schema's values with every reference written out, less those of "examples" and
+  // "default" (what maxPairs counts).
   std::size_t expandedValues() const { return expandedValues_; }
 
   const boost::json::value& document() const { return *document_; }

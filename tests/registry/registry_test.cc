@@ -729,6 +729,15 @@ TEST_CASE("one validation is bounded in time and memory whatever the instance", 
   auto refused = wide->validate(json::object{{"xs", numbers}}, JsonSchema::kMaxPairsForArguments);
   REQUIRE(refused);
   CHECK_THAT(refused->reason, Catch::Contains("too large to check"));
+  // Examples are never compared: they do not shrink what the arguments may hold.
+  auto annotated = JsonSchema::compile(
+      json::object{{"type", "object"},
+                   {"examples", json::array(10'000, json::value("an example"))},
+                   {"properties", json::object{{"xs", json::object{{"type", "array"}}}}}});
+  REQUIRE(annotated.has_value());
+  CHECK(annotated->expandedValues() < 10);
+  CHECK_FALSE(
+      annotated->validate(json::object{{"xs", numbers}}, JsonSchema::kMaxPairsForArguments));
   CHECK_FALSE(wide->validate(json::object{{"xs", json::array(1000, json::value(1))}},
                              JsonSchema::kMaxPairsForArguments));
 }

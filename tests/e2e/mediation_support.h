@@ -99,6 +99,8 @@ class Peer {
       notifications_.push_back(std::move(message));
     }
   }
+  // Whether the response to `id` was read already (and kept for response()).
+  bool answered(std::int64_t id) const { return responses_.contains(id); }
   json::object call(const std::string& method, json::value params = nullptr) {
     std::int64_t id = nextId_++;
     send(method, std::move(params), id);

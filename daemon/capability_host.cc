@@ -8,6 +8,8 @@
 #include <boost/asio/cancellation_signal.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/post.hpp>
+#include <boost/asio/redirect_error.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
 #include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
@@ -227,6 +229,8 @@ struct PopupJob {
   struct State {
     bool aborted = false;
     std::optional<std::string> popupId;
+    // Runs out at [popup] timeout_ms once the popup is open; the popup's end cancels it.
+    std::optional<asio::steady_timer> deadline;
   };
   std::shared_ptr<State> state;
 };
@@ -264,14 +268,20 @@ asio::awaitable<void> runPopup(PopupJob job) {
   }
   RequestRecord record{job.key, job.toolName, decision.scope, "", "", {}, {}, {}};
   const auto started = Clock::now();
-  auto done = [operation = job.operation, audit = &job.services.audit, record,
-               started](runtime::HostOpResult result) mutable {
+  const auto strand = co_await asio::this_coro::executor;
+  auto done = [operation = job.operation, audit = &job.services.audit, record, started, strand,
+               state = job.state](runtime::HostOpResult result) mutable {
     record.duration = since(started);
     record.outcome = result ? "answered" : result.error().code;
     auditRequest(*audit, record);
+    asio::post(strand, [state] {
+      if (state->deadline) state->deadline->cancel();
+    });
     operation->resumeWallClock();
     operation->complete(std::move(result));
   };
+  const auto timeout = job.services.configs.current()->popupTimeout;
+  job.state->deadline.emplace(strand, timeout);
   auto popupId = job.popups->open(std::move(job.params), done);
   if (!popupId) {
     operation.resumeWallClock();
@@ -282,7 +292,14 @@ asio::awaitable<void> runPopup(PopupJob job) {
     co_return;
   }
   job.state->popupId = *popupId;
-  if (job.state->aborted) job.popups->close(*popupId);
+  if (job.state->aborted) {
+    job.popups->close(*popupId);
+    co_return;
+  }
+  // Until the host answers, the call ends (terminal cancellation) or the time runs out.
+  boost::system::error_code waited;
+  co_await job.state->deadline->async_wait(asio::redirect_error(asio::use_awaitable, waited));
+  if (!waited) job.popups->expire(*popupId, timeout);
 }
 
 }  // namespace

@@ -469,7 +469,7 @@ Result loadConfig(const CommandLine& commandLine) {
                            "max_connections"}),
              checkSection(table, file, "log", {"level", "format"}),
              checkSection(table, file, "policy", {"prompt_timeout_ms", "audit_max_entries"}),
-             checkSection(table, file, "popup", {}),
+             checkSection(table, file, "popup", {"timeout_ms"}),
              checkSection(table, file, "runtime",
                           {"workers",
                            "max_retained",
@@ -527,14 +527,17 @@ Result loadConfig(const CommandLine& commandLine) {
     }
     config.shutdownGrace = std::chrono::milliseconds(graceMs);
     std::int64_t promptTimeoutMs = config.promptTimeout.count();
+    std::int64_t popupTimeoutMs = config.popupTimeout.count();
     for (auto error : {
              readCount(table, file, "policy", "prompt_timeout_ms", promptTimeoutMs, 1, 86400000),
+             readCount(table, file, "popup", "timeout_ms", popupTimeoutMs, 1, 86400000),
              readCount(table, file, "policy", "audit_max_entries", config.auditMaxEntries, 1,
                        100000000),
          }) {
       if (error) return *error;
     }
     config.promptTimeout = std::chrono::milliseconds(promptTimeoutMs);
+    config.popupTimeout = std::chrono::milliseconds(popupTimeoutMs);
     if (auto error = readRuntime(table, file, config.runtime)) return *error;
     if (auto error = readFetch(table, file, config.fetch)) return *error;
     if (auto error = readStorage(table, file, config.storage)) return *error;
@@ -660,6 +663,7 @@ ConfigChanges reconcileReload(const Config& running, Config& next) {
           next.shutdownGrace.count());
   compare(applied, "policy.prompt_timeout_ms", running.promptTimeout.count(),
           next.promptTimeout.count());
+  compare(applied, "popup.timeout_ms", running.popupTimeout.count(), next.popupTimeout.count());
   compare(applied, "fetch.timeout_ms", running.fetch.timeout.count(), next.fetch.timeout.count());
   compare(applied, "fetch.max_response_bytes", running.fetch.maxResponseBytes,
           next.fetch.maxResponseBytes);

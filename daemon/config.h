@@ -71,6 +71,9 @@ struct Config {
   // [policy]: how long a prompt waits for an approver before the request is denied (a reload
   // applies it to prompts asked from then on), and how many audit entries are kept.
   std::chrono::milliseconds promptTimeout{120000};
+  // [popup]: how long an open popup waits for its host's answer before it fails with
+  // popup-timeout (a reload applies it to popups opened from then on).
+  std::chrono::milliseconds popupTimeout{600000};
   std::size_t auditMaxEntries = 100000;
   // [runtime]: read at start; a change needs a restart.
   runtime::RuntimeConfig runtime;

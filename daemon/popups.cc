@@ -109,6 +109,19 @@ std::optional<std::string> PopupHosts::open(json::object params, PopupCompletion
 }
 
 void PopupHosts::close(const std::string& popupId) {
+  end(popupId, "the tool's call ended",
+      runtime::HostOpFailure{"cancelled", "the call ended before the popup was answered"});
+}
+
+void PopupHosts::expire(const std::string& popupId, std::chrono::milliseconds timeout) {
+  const std::string limit = std::to_string(timeout.count()) + " ms ([popup] timeout_ms)";
+  end(popupId, "not answered within " + limit,
+      runtime::HostOpFailure{"popup-timeout", "the popup host did not answer the popup within " +
+                                                  limit + "; it was closed"});
+}
+
+void PopupHosts::end(const std::string& popupId, std::string reason,
+                     runtime::HostOpFailure failure) {
   PopupCompletion done;
   PopupSink sink;
   {
@@ -120,8 +133,8 @@ void PopupHosts::close(const std::string& popupId) {
     popups_.erase(found);
   }
   notifyHost(sink, "popup.close",
-             json::object{{"popupId", popupId}, {"reason", "the tool's call ended"}});
-  done(runtime::HostOpFailure{"cancelled", "the call ended before the popup was answered"});
+             json::object{{"popupId", popupId}, {"reason", std::move(reason)}});
+  done(std::move(failure));
 }
 
 boost::system::result<void, PopupAnswerError> PopupHosts::answer(PopupHostId host,

@@ -12,6 +12,7 @@
 #include <boost/json/object.hpp>
 #include <boost/system/result.hpp>
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -61,6 +62,9 @@ class PopupHosts {
   // The tool's call ended first: the host is told (popup.close) and the popup fails as cancelled.
   // Nothing happens if it already ended.
   void close(const std::string& popupId);
+  // The host did not answer within `timeout`: it is told (popup.close) and the popup fails with
+  // popup-timeout. Nothing happens if it already ended.
+  void expire(const std::string& popupId, std::chrono::milliseconds timeout);
   // popup.result from host `host` for one of its popups.
   boost::system::result<void, PopupAnswerError> answer(PopupHostId host, const std::string& popupId,
                                                        runtime::HostOpResult result);
@@ -75,6 +79,10 @@ class PopupHosts {
     PopupHostId host = 0;
     PopupCompletion done;
   };
+
+  // Ends an open popup without its host's answer: popup.close {popupId, reason} to the host, then
+  // `failure` to the tool.
+  void end(const std::string& popupId, std::string reason, runtime::HostOpFailure failure);
 
   mutable std::mutex mutex_;
   std::map<PopupHostId, Host> hosts_;

@@ -609,3 +609,45 @@ TEST_CASE("popup: through the most recent host, each way it can end", "[daemon][
   REQUIRE(answered.has_value());
   CHECK(answered->is_null());
 }
+
+TEST_CASE("popup: a host that never answers is closed at [popup] timeout_ms", "[daemon][popup]") {
+  auto config = configFor();
+  config.popupTimeout = 300ms;
+  Daemon d(std::move(config));
+  auto tool = d.installFetcher();
+  REQUIRE(d.decisions
+              ->set(policy::DecisionKey{tool->revision, "popup", "custom-html",
+                                        policy::AccessClass::read},
+                    policy::Verdict::allow, policy::Scope::session, "test")
+              .has_value());
+  Inbox host;
+  d.popups.addHost(7, "host", [&](std::string_view m, json::object p) { host.push(m, p); });
+  auto customHtml = json::object{{"kind", "custom-html"}, {"html", "<p>hi</p>"}};
+
+  // Answered in time: no close follows, even after the timeout has passed.
+  auto answered = d.start(*tool, "popup", customHtml);
+  auto [m1, open1] = host.next();
+  REQUIRE(
+      d.popups.answer(7, std::string(open1.at("popupId").as_string()), json::parse(R"({"n":1})"))
+          .has_value());
+  CHECK(replyOf(answered->wait()).at("n") == 1);
+
+  // Never answered: the host is told why it closes, the tool gets popup-timeout, and the wall
+  // clock, paused for the popup, runs again.
+  auto ignored = d.start(*tool, "popup", customHtml);
+  auto [m2, open2] = host.next();
+  CHECK(m2 == "popup.open");
+  auto failure = failureOf(ignored->wait());
+  CHECK(failure.code == "popup-timeout");
+  CHECK_THAT(failure.message, Catch::Contains("300 ms ([popup] timeout_ms)"));
+  CHECK(ignored->pausesSoFar() == 1);
+  CHECK(ignored->resumesSoFar() == 1);
+  auto [m3, close] = host.next();
+  CHECK(m3 == "popup.close");
+  CHECK(close.at("popupId") == open2.at("popupId"));
+  CHECK_THAT(std::string(close.at("reason").as_string()), Catch::Contains("not answered within"));
+  // It is gone: a late answer is refused, and the answered popup above never got a close.
+  CHECK_FALSE(
+      d.popups.answer(7, std::string(open2.at("popupId").as_string()), json::value(2)).has_value());
+  CHECK(host.size() == 0);
+}

@@ -114,7 +114,8 @@ TEST_CASE("config errors name the key and what is wrong", "[config]") {
   check("[runtime]\nmax_restart = 3\n", "runtime.max_restart (line 2) is not a known key");
   check("[server]\nshutdown_grace = 5\n", "server.shutdown_grace (line 2) is not a known key");
   check("[policy]\nprompt_timeout = 5\n", "policy.prompt_timeout (line 2) is not a known key");
-  check("[popup]\nanything = 1\n", "the section has none yet");
+  check("[popup]\ntimeout = 5\n", "popup.timeout (line 2) is not a known key");
+  check("[popup]\ntimeout_ms = 0\n", "popup.timeout_ms");
   check("runtime = 5\n", "must be a table ([runtime])");
   check("[log]\nlevel = 5\n", "log.level (line 2) must be a string");
   check("[server]\nsocket = 5\n", "server.socket (line 2) must be a string");

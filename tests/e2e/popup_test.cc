@@ -169,6 +169,26 @@ TEST_CASE("popup: a prompt first, then the popup, the host leaving or the call e
   CHECK_FALSE(revision.empty());
 }
 
+TEST_CASE("popup: a host that never answers is closed after [popup] timeout_ms", "[e2e][popup]") {
+  DaemonOptions options;
+  options.configToml = "[popup]\ntimeout_ms = 400\n";
+  auto daemon = DaemonProcess::start(options);
+  Peer agent(daemon->socket());
+  auto revision = deploy(agent, jsTool("popper", kPopper, popupCapabilities()));
+  decideAhead(agent, revision, "popup", "custom-html", "read");
+  PopupHost host(daemon->socket());
+
+  auto id = startCall(agent, "popper", customHtml());
+  auto open = host.opened();
+  auto outcome = toolResult(agent.response(id));
+  CHECK(codeOf(outcome) == "popup-timeout");
+  CHECK_THAT(text(outcome.at("message")), Catch::Contains("[popup] timeout_ms"));
+  auto close = host.notification();
+  CHECK(close.at("method") == "popup.close");
+  CHECK(close.at("params").at("popupId") == open.at("popupId"));
+  CHECK(errorCode(host.answer(open, 1)) == -32001);
+}
+
 namespace {
 
 // toolhostctl popup-host with pipes on stdin and stdout.

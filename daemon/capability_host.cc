@@ -94,6 +94,14 @@ void spawnOperation(const asio::any_io_executor& executor, asio::awaitable<void>
             if (!failure) return;
             try {
               std::rethrow_exception(failure);
+            } catch (const boost::system::system_error& error) {
+              // The call ended while the work was between two steps (an approval that arrived as
+              // the caller cancelled): the next co_await throws. A cancel, not a failure.
+              if (error.code() == asio::error::operation_aborted) {
+                operation->complete(cancelledFailure());
+                return;
+              }
+              spdlog::error("{} failed: {}", what, error.what());
             } catch (const std::exception& error) {
               spdlog::error("{} failed: {}", what, error.what());
             }

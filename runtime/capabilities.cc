@@ -119,26 +119,6 @@ struct OperationRequest {
 constexpr std::size_t kMaxSecretNameBytes = 1024;
 
 // A string argument, or a TypeError naming it.
-// Whether `text` has no lone surrogate, so that its UTF-8 says exactly what it holds (a lone
-// surrogate would become U+FFFD, and two different keys the same one).
-bool wellFormed(v8::Isolate* isolate, v8::Local<v8::String> text) {
-  if (text->IsOneByte()) return true;
-  std::vector<std::uint16_t> units(static_cast<std::size_t>(text->Length()));
-  if (units.empty()) return true;
-  text->Write(isolate, units.data(), 0, static_cast<int>(units.size()),
-              v8::String::NO_NULL_TERMINATION);
-  for (std::size_t i = 0; i < units.size(); ++i) {
-    const std::uint16_t unit = units[i];
-    if (unit >= 0xD800 && unit <= 0xDBFF && i + 1 < units.size() && units[i + 1] >= 0xDC00 &&
-        units[i + 1] <= 0xDFFF) {
-      ++i;  // a pair
-    } else if (unit >= 0xD800 && unit <= 0xDFFF) {
-      return false;
-    }
-  }
-  return true;
-}
-
 std::optional<std::string> stringArgument(v8::Local<v8::Context> context,
                                           v8::Local<v8::Value> value, const std::string& what,
                                           std::size_t maxBytes) {

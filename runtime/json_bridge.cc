@@ -22,6 +22,9 @@ constexpr std::size_t kKillCheckEvery = 256;
 // Room reserved up front for an array's elements or an object's members, at most: the count is
 // known, but an array's length says nothing of the memory it holds.
 constexpr std::uint32_t kReserveAtMost = 1024;
+constexpr const char* kLoneSurrogate =
+    "holds a lone surrogate (half of a UTF-16 pair, such as a string cut inside an emoji), which "
+    "JSON text cannot carry";
 
 // Bytes `text` takes as a JSON string, quotes included (the escaping of protocol::writeJson).
 std::size_t jsonStringSize(std::string_view text) {
@@ -208,6 +211,7 @@ class Walker {
     // size: refuse before copying a huge string (charge() below has the exact size).
     const auto length = static_cast<std::size_t>(text->Length());
     if (bytes_ + length + 2 > options_.maxBytes) return tooLarge();
+    if (!wellFormed(isolate_, text)) return invalid(kLoneSurrogate);
     std::string out = toUtf8(isolate_, text);
     if (!charge(jsonStringSize(out))) return tooLarge();
     return out;
@@ -267,6 +271,10 @@ class Walker {
       if (bytes_ + static_cast<std::size_t>(key.As<v8::String>()->Length()) + 3 >
           options_.maxBytes) {
         return tooLarge();
+      }
+      // Its U+FFFD form could be another key's: one member would silently replace the other.
+      if (!wellFormed(isolate_, key.As<v8::String>())) {
+        return invalid(std::string("has a key that ") + kLoneSurrogate);
       }
       std::string name = toUtf8(isolate_, key.As<v8::String>());
       path_.push_back(Segment{0, &name});
@@ -398,6 +406,24 @@ std::string toUtf8(v8::Isolate* isolate, v8::Local<v8::String> text, std::size_t
                       v8::String::NO_NULL_TERMINATION | v8::String::REPLACE_INVALID_UTF8);
   out.resize(static_cast<std::size_t>(written));
   return out;
+}
+
+bool wellFormed(v8::Isolate* isolate, v8::Local<v8::String> text) {
+  if (text->IsOneByte()) return true;
+  std::vector<std::uint16_t> units(static_cast<std::size_t>(text->Length()));
+  if (units.empty()) return true;
+  text->Write(isolate, units.data(), 0, static_cast<int>(units.size()),
+              v8::String::NO_NULL_TERMINATION);
+  for (std::size_t i = 0; i < units.size(); ++i) {
+    const std::uint16_t unit = units[i];
+    if (unit >= 0xD800 && unit <= 0xDBFF && i + 1 < units.size() && units[i + 1] >= 0xDC00 &&
+        units[i + 1] <= 0xDFFF) {
+      ++i;  // a pair
+    } else if (unit >= 0xD800 && unit <= 0xDFFF) {
+      return false;
+    }
+  }
+  return true;
 }
 
 std::optional<std::string> toUtf8Within(v8::Isolate* isolate, v8::Local<v8::String> text,

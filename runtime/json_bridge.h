@@ -63,6 +63,10 @@ std::string toUtf8(v8::Isolate* isolate, v8::Local<v8::String> text,
 std::optional<std::string> toUtf8Within(v8::Isolate* isolate, v8::Local<v8::String> text,
                                         std::size_t maxBytes);
 
+// Whether `text` has no lone surrogate (half of a UTF-16 pair), so that its UTF-8 says exactly
+// what it holds: toUtf8 would make a lone surrogate U+FFFD, and two different strings one.
+bool wellFormed(v8::Isolate* isolate, v8::Local<v8::String> text);
+
 // A JavaScript string from UTF-8.
 v8::Local<v8::String> v8String(v8::Isolate* isolate, std::string_view text);
 

@@ -241,12 +241,22 @@ TEST_CASE("results that are not JSON data are refused with a clear error", "[saf
       {"export default () => { let v = 1; for (let i = 0; i < 200; i++) v = [v]; return v; }",
        "nested deeper than 128 levels"},
       {"export default () => ({then: 1, p: Promise.resolve(1)})", "/p is a Promise"},
+      // A lone surrogate would become U+FFFD: different values alike, one of two keys lost.
+      {"export default () => ({s: '\\u{1F600}'.slice(0, 1)})", "/s holds a lone surrogate"},
+      {"export default () => ['ok', 'x\\udc00']", "/1 holds a lone surrogate"},
+      {"export default () => ({v: {'\\ud800': 1, '\\udbff': 2}})",
+       "/v has a key that holds a lone surrogate"},
   };
   for (const auto& c : cases) {
     auto outcome = f.call(makeTool(c.source));
     INFO(c.source << "\n" << describe(outcome));
     REQUIRE(errc(outcome) == CallErrc::invalidResult);
     CHECK_THAT(outcome.result.error().detail, Catch::Contains(c.says));
+  }
+  SECTION("whole surrogate pairs are characters like any other") {
+    auto ok = f.call(makeTool("export default () => ({'\\u{1F600}': '\\u{1F600}'.slice(0, 2)})"));
+    REQUIRE(ok.result);
+    CHECK(*ok.result == json::parse("{\"\xF0\x9F\x98\x80\":\"\xF0\x9F\x98\x80\"}"));
   }
   SECTION("getters that work run, inside the call's limits") {
     auto ok = f.call(makeTool("export default () => ({get x() { return 42; }})"));
@@ -265,7 +275,7 @@ TEST_CASE("JSON data round-trips exactly, with JSON's rules for the rest", "[saf
   auto tool = makeTool(R"(export default (args) => ({
       echo: args,
       numbers: [0, -0, 1.5, -2, 2 ** 53, 1e21, 5e-324, 0.1 + 0.2],
-      strings: ['', 'é', '\u2028', '\ud800', 'a\u0000b', '"\\'],
+      strings: ['', 'é', '\u2028', '\ud83d\ude00', 'a\u0000b', '"\\'],
       skipped: {u: undefined, [Symbol('s')]: 1, kept: null},
       holes: [1, , undefined, 3],
       nested: {a: [{b: {c: [true, false, null]}}]},
@@ -284,7 +294,7 @@ TEST_CASE("JSON data round-trips exactly, with JSON's rules for the rest", "[saf
   CHECK(result.at("echo") == args);
   CHECK(result.at("numbers") ==
         json::parse("[0,0,1.5,-2,9007199254740992,1e21,5e-324,0.30000000000000004]"));
-  CHECK(result.at("strings") == json::parse(R"(["","é","\u2028","\ufffd","a\u0000b","\"\\"])"));
+  CHECK(result.at("strings") == json::parse(R"(["","é","\u2028","\ud83d\ude00","a\u0000b","\"\\"])"));
   CHECK(result.at("skipped") == json::parse(R"({"kept":null})"));
   CHECK(result.at("holes") == json::parse("[1,null,null,3]"));
   CHECK(result.at("nested") == json::parse(R"({"a":[{"b":{"c":[true,false,null]}}]})"));

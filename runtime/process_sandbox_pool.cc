@@ -1261,7 +1261,8 @@ std::vector<SandboxInfo> ProcessSandboxPool::list() const {
     }
     for (const auto& [revision, known] : process.sandboxes) {
       SandboxInfo info = known.info;
-      info.busy = info.busy || running.erase(revision) > 0;
+      const bool calling = running.erase(revision) > 0;  // always: not a first call below
+      info.busy = info.busy || calling;
       info.idleMs = info.busy ? 0 : millisBetween(known.lastUsed, now);
       rows.push_back({known.lastUsed, known.order, std::move(info)});
     }

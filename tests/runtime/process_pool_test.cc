@@ -1257,3 +1257,29 @@ TEST_CASE("a tool that keeps swallowing its kill in import() still ends without 
   CHECK(f.pid() == pid);  // the process, and the counter's sandbox in it, live on
   CHECK(*f.call(counter).result == 2);
 }
+
+TEST_CASE("a retained sandbox with a call running and others waiting is listed once", "[process]") {
+  ProcessFixture f;
+  auto tool = makeTool("export default (args) => { if (args.spin) for (;;) {} return 'ran'; }",
+                       limits({{"wallMs", 60000}, {"cpuMs", 60000}}), {}, "spinner");
+  REQUIRE(*f.call(tool).result == "ran");  // retained from here on
+  asio::io_context io;
+  std::atomic<int> ended{0};
+  for (bool spin : {true, false}) {
+    asio::co_spawn(io, f.pool->call(tool, json::object{{"spin", spin}}, {}),
+                   [&](std::exception_ptr, CallOutcome) { ++ended; });
+  }
+  std::thread caller([&] { io.run(); });
+  StopAndJoin stopAndJoin{io, caller};
+  REQUIRE(waitFor([&] {
+    auto rows = f.pool->list();
+    return !rows.empty() && rows.front().busy;
+  }));
+  auto rows = f.pool->list();
+  CHECK(std::count_if(rows.begin(), rows.end(), [&](const SandboxInfo& info) {
+          return info.revision == tool->revision;
+        }) == 1);
+  CHECK(rows.size() == 1);
+  CHECK(f.pool->terminate(tool->revision));
+  CHECK(waitFor([&] { return ended == 2; }));
+}

@@ -118,6 +118,9 @@ struct Slot {
   // sandboxes.terminate came while calls were queued: the sandbox that exists now is destroyed
   // before the next call begins, which starts a fresh one, still retained.
   bool condemned = false;
+  // The binding moved away while calls held the slot: it stays retained until the last of them
+  // ends (so that they, and new calls of the revision, still run one at a time), then goes.
+  bool leaving = false;
 };
 
 // Releases the slot's FIFO lock to the next live waiter when the call leaves. Strand only.
@@ -806,10 +809,11 @@ void SandboxPool::Impl::finish(const std::shared_ptr<CallJob>& job, std::excepti
       slot.heapBytes = job->heapBytes;
       slot.hasSandbox = job->sandboxKept;
     }
-    if (slot.pending == 0 && slot.condemned) {
+    if (slot.pending == 0 && (slot.condemned || slot.leaving)) {
       // Terminated while calls waited, and none ran after it (cancelled, or the one running
-      // kept its sandbox): what was terminated goes now.
+      // kept its sandbox), or its binding moved while calls held it: it goes now.
       slot.condemned = false;
+      slot.leaving = false;
       if (slot.retained) unretainLocked(retained.find(slot.revision));
       if (slot.hasSandbox) disposeLocked(job->slot);
     } else if (slot.pending == 0) {
@@ -970,9 +974,17 @@ void SandboxPool::discard(const std::string& revision) {
   auto found = impl_->retained.find(revision);
   if (found == impl_->retained.end()) return;
   auto slot = found->second;
+  if (slot->pending > 0) {
+    // Calls hold it. Unretained now, the calls waiting would each run in a throwaway sandbox
+    // while new calls of the revision (by revision, or resolved just before the move) started a
+    // retained one beside them: two sandboxes of one revision running at once. It stays until
+    // the last call holding it ends (finish()).
+    slot->leaving = true;
+    return;
+  }
   impl_->unretainLocked(found);
   impl_->changedLocked(revision);
-  if (slot->pending == 0) impl_->disposeLocked(slot);
+  impl_->disposeLocked(slot);
 }
 
 }  // namespace toolhost::runtime

@@ -44,8 +44,9 @@ class ToolRunner {
   // Ends the retained sandbox of `revision`: a running call ends with CallErrc::cancelled, the
   // isolate is disposed; calls waiting for it run in fresh sandboxes. False if there was none.
   virtual bool terminate(const std::string& revision) = 0;
-  // The binding moved away from `revision`: its sandbox is no longer retained (a running call
-  // finishes; the isolate is disposed after it).
+  // The binding moved away from `revision`: its sandbox is no longer retained. Calls holding it
+  // (running or waiting) finish in it, one at a time as ever, and so do calls of the revision
+  // that come meanwhile; the isolate is disposed after the last of them.
   virtual void discard(const std::string& revision) = 0;
 
   virtual const RuntimeConfig& config() const = 0;

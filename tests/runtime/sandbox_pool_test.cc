@@ -785,6 +785,41 @@ TEST_CASE("discard and terminate end a revision's sandbox", "[pool]") {
   }
 }
 
+TEST_CASE("a discard while calls hold the sandbox keeps them and new calls one at a time",
+          "[pool]") {
+  PoolFixture f;
+  auto tool = makeTool(
+      "let calls = 0; export default (args) => { const end = Date.now() + args.ms; while "
+      "(Date.now() < end) {} return ++calls; }");
+  CHECK(*f.call(tool, {{"ms", 0}}).result == 1);
+  boost::asio::io_context io;
+  std::map<std::string, std::optional<CallOutcome>> out;
+  auto start = [&](std::string name, int ms) {
+    boost::asio::co_spawn(
+        io, f.pool.call(tool, json::object{{"ms", ms}}, {}),
+        [&out, name](std::exception_ptr, CallOutcome outcome) { out[name] = std::move(outcome); });
+  };
+  start("running", 300);
+  start("waiting", 0);
+  boost::asio::steady_timer timer(io, milliseconds(100));
+  timer.async_wait([&](boost::system::error_code) {
+    f.pool.discard(tool->revision);    // the binding moved
+    CHECK(f.pool.list().size() == 1);  // still held
+    start("after", 0);                 // by revision, or resolved just before the move
+  });
+  io.run();
+  // One sandbox, one call at a time, in order: never a second sandbox of the revision beside it.
+  for (const auto& [name, number] : {std::pair{"running", 2}, {"waiting", 3}, {"after", 4}}) {
+    INFO(name);
+    REQUIRE(out[name]);
+    REQUIRE(out[name]->result);
+    CHECK(*out[name]->result == number);
+  }
+  // Gone with the last of them.
+  CHECK(f.pool.list().empty());
+  CHECK(*f.call(tool, {{"ms", 0}}).result == 1);
+}
+
 TEST_CASE("a terminate with calls waiting keeps them in order on one fresh sandbox", "[pool]") {
   PoolFixture f;
   auto tool = makeTool(

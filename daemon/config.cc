@@ -517,7 +517,7 @@ Result loadConfig(const CommandLine& commandLine) {
              readCount(table, file, "store", "map_size_mb", config.mapSizeMb, 1, 1 << 20),
              readCount(table, file, "limits", "max_message_bytes", config.limits.maxMessageBytes,
                        1024, std::int64_t{1} << 30),
-             readCount(table, file, "limits", "max_depth", config.limits.maxDepth, 2, 10000),
+             readCount(table, file, "limits", "max_depth", config.limits.maxDepth, 2, 1000),
              readCount(table, file, "limits", "max_batch", config.limits.maxBatch, 1, 100000),
              readCount(table, file, "limits", "max_in_flight", config.limits.maxInFlight, 1,
                        100000),

@@ -35,13 +35,14 @@
 #include "runtime/v8_platform.h"
 #include "store/store.h"
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <pthread.h>
+#include <spdlog/spdlog.h>
+#include <sys/stat.h>
+#include <CLI/CLI.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/use_awaitable.hpp>
-#include <spdlog/spdlog.h>
-#include <sys/stat.h>
 
 #include <csignal>
 #include <cstdio>
@@ -61,6 +62,26 @@ namespace asio = boost::asio;
 using namespace toolhost;
 
 namespace {
+
+// A request may nest [limits] max_depth levels (at most 1000), and parts of the daemon walk it
+// recursively (the JSON writer, schema validation, canonical JSON): on the I/O threads, the disk
+// thread and others. Each thread gets a stack of at least this, whatever `ulimit -s` says (a
+// thread's stack defaults to the soft limit: 1 MiB of it was a crash for one deep request).
+constexpr std::size_t kThreadStackBytes = std::size_t{8} << 20;
+
+// Before any thread starts: the default for every thread created from then on.
+void setThreadStacks() {
+  pthread_attr_t attributes;
+  if (pthread_getattr_default_np(&attributes) != 0) return;
+  std::size_t size = 0;
+  if (pthread_attr_getstacksize(&attributes, &size) != 0 || size < kThreadStackBytes) {
+    if (pthread_attr_setstacksize(&attributes, kThreadStackBytes) != 0 ||
+        pthread_setattr_default_np(&attributes) != 0) {
+      std::fprintf(stderr, "toolhostd: warning: could not set the threads' stack size\n");
+    }
+  }
+  pthread_attr_destroy(&attributes);
+}
 
 // Which malloc serves this process (and its sandbox hosts, the same executable): mimalloc when
 // toolhostd was built with it and it won the symbol lookup ahead of libc, else libc's.
@@ -270,9 +291,9 @@ int run(const daemon::Config& config, const daemon::CommandLine& commandLine) {
                server.socketPath().string(), config.stateDir.string(), runtime::v8Version(),
                facts.malloc);
 
+  // Not on this thread: its stack is whatever `ulimit -s` left it (see setThreadStacks).
   std::vector<std::thread> threads;
-  for (unsigned i = 1; i < config.ioThreads; ++i) threads.emplace_back([&io] { io.run(); });
-  io.run();
+  for (unsigned i = 0; i < config.ioThreads; ++i) threads.emplace_back([&io] { io.run(); });
   for (auto& thread : threads) thread.join();
   // After a forced stop, jobs may still be queued: they run now, while what they use is alive.
   disk.stop();
@@ -283,6 +304,7 @@ int run(const daemon::Config& config, const daemon::CommandLine& commandLine) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  setThreadStacks();
   // A sandbox host process started by the runtime (runtime/sandbox_host.h): nothing of the
   // daemon runs in it; its socket to the daemon is fd 3.
   if (argc > 1 && std::string_view(argv[1]) == "--sandbox-host") {

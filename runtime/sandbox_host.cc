@@ -28,6 +28,7 @@
 #include <map>
 #include <mutex>
 #include <set>
+#include <thread>
 #include <vector>
 
 namespace toolhost::runtime {
@@ -444,17 +445,23 @@ int runSandboxHost(int fd, int argc, char** argv) {
   spdlog::flush_on(spdlog::level::trace);
 
   int code = 0;
-  try {
-    // Never destroyed (see below).
-    auto* io = new asio::io_context(1);
-    auto* side = new HostSide(*io, fd);
-    side->start();
-    io->run();
-    code = side->exitCode();
-  } catch (const std::exception& e) {
-    spdlog::critical("the sandbox host failed: {}", e.what());
-    code = 2;
-  }
+  // Its I/O runs on a thread of its own: this thread's stack is whatever `ulimit -s` left it, and
+  // the daemon's messages nest as deep as its [limits] max_depth (toolhostd's main() sets every
+  // other thread's stack).
+  std::thread ioThread([fd, &code] {
+    try {
+      // Never destroyed (see below).
+      auto* io = new asio::io_context(1);
+      auto* side = new HostSide(*io, fd);
+      side->start();
+      io->run();
+      code = side->exitCode();
+    } catch (const std::exception& e) {
+      spdlog::critical("the sandbox host failed: {}", e.what());
+      code = 2;
+    }
+  });
+  ioThread.join();
   spdlog::default_logger()->flush();
   // No destructors: the pool would join V8 threads, and one stuck in a builtin never returns.
   std::_Exit(code);

@@ -93,6 +93,7 @@ TEST_CASE("config errors name the key and what is wrong", "[config]") {
     CHECK_THAT(config.error().detail, Catch::Contains(expected));
   };
   check("[limits]\nmax_depth = 0\n", "limits.max_depth");
+  check("[limits]\nmax_depth = 1001\n", "limits.max_depth");
   check("[limits]\nmax_in_flight = \"x\"\n", "limits.max_in_flight");
   check("[limits]\nmax_connections = 0\n", "limits.max_connections");
   check("[log]\nlevel = \"loud\"\n", "log.level");

@@ -420,3 +420,50 @@ TEST_CASE("daemon.health is degraded while a sandbox process that keeps ending f
   CHECK_THAT(std::string(check.at("detail").as_string()), Catch::Contains("ended unexpectedly"));
   CHECK(client.call("daemon.health").at("result").at("status") == "degraded");
 }
+
+TEST_CASE("requests as deep as max_depth allows are served on a small `ulimit -s`",
+          "[e2e][limits]") {
+  DaemonOptions options;
+  options.configToml = "[limits]\nmax_depth = 1000\n";
+  options.stackLimitBytes = 128 * 1024;  // every thread's stack would default to this
+  auto daemon = DaemonProcess::start(options);
+  RawClient client(daemon->socket());
+  deploy(client, jsTool("takes-anything", "export default (args) => Object.keys(args).length"));
+  // {"a":{"a":...1...}} nested `levels` deep.
+  auto nested = [](int levels) {
+    std::string text;
+    for (int i = 0; i < levels; ++i) text += R"({"a":)";
+    text += "1";
+    text += std::string(static_cast<std::size_t>(levels), '}');
+    return text;
+  };
+  // A schema of object properties nested `levels` deep (two JSON levels each).
+  auto deepSchema = [](int levels) {
+    std::string text;
+    for (int i = 0; i < levels; ++i) text += R"({"type":"object","properties":{"a":)";
+    text += "{}";
+    for (int i = 0; i < levels; ++i) text += "}}";
+    return text;
+  };
+  const std::string lines[] = {
+      R"({"jsonrpc":"2.0","id":1,"method":"ping","params":{"x":)" + nested(990) + "}}",
+      R"({"jsonrpc":"2.0","id":2,"method":"tools.call","params":{"name":"echo","arguments":)" +
+          nested(990) + "}}",
+      R"({"jsonrpc":"2.0","id":3,"method":"tools.call","params":{"name":"takes-anything",)"
+      R"("arguments":)" +
+          nested(990) + "}}",
+      R"({"jsonrpc":"2.0","id":4,"method":"tools.install","params":{"manifest":{"name":"deep",)"
+      R"("description":"d","parameters":)" +
+          deepSchema(490) +
+          R"(,"execution":{"class":"sandboxed-code","runtime":"javascript",)"
+          R"("source":"export default () => 1"}}}})",
+  };
+  for (const auto& line : lines) {
+    client.send(line + "\n");
+    auto response = client.readJson().as_object();
+    INFO(toolhost::protocol::writeJson(response).substr(0, 300));
+    CHECK((response.contains("result") || response.contains("error")));
+  }
+  CHECK(client.call("ping").contains("result"));
+  CHECK(daemon->running());
+}

@@ -3,14 +3,15 @@
 #include "protocol/json_parse.h"
 #include "protocol/jsonrpc.h"
 
-#include <catch2/catch.hpp>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <catch2/catch.hpp>
 
 #include <cerrno>
 #include <cstring>
@@ -112,6 +113,12 @@ std::unique_ptr<DaemonProcess> DaemonProcess::start(DaemonOptions options) {
     ::dup2(logFd, STDOUT_FILENO);
     int devnull = ::open("/dev/null", O_RDONLY);
     ::dup2(devnull, STDIN_FILENO);
+    if (options.stackLimitBytes) {
+      struct rlimit limit {
+        *options.stackLimitBytes, *options.stackLimitBytes
+      };
+      if (::setrlimit(RLIMIT_STACK, &limit) != 0) _exit(126);
+    }
     ::execve(argv[0], argv.data(), envp.data());
     _exit(127);
   }

@@ -34,6 +34,7 @@ struct DaemonOptions {
   std::optional<std::filesystem::path> socketPath;  // defaults to <tmp>/s
   std::string logFormat = "text";
   bool waitUntilReady = true;
+  std::optional<std::size_t> stackLimitBytes;  // the daemon's `ulimit -s` (RLIMIT_STACK), if set
 };
 
 class DaemonProcess {

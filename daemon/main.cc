@@ -293,7 +293,13 @@ int run(const daemon::Config& config, const daemon::CommandLine& commandLine) {
 
   // Not on this thread: its stack is whatever `ulimit -s` left it (see setThreadStacks).
   std::vector<std::thread> threads;
-  for (unsigned i = 0; i < config.ioThreads; ++i) threads.emplace_back([&io] { io.run(); });
+  try {
+    for (unsigned i = 0; i < config.ioThreads; ++i) threads.emplace_back([&io] { io.run(); });
+  } catch (const std::system_error&) {
+    io.stop();
+    for (auto& thread : threads) thread.join();
+    throw;
+  }
   for (auto& thread : threads) thread.join();
   // After a forced stop, jobs may still be queued: they run now, while what they use is alive.
   disk.stop();
@@ -343,6 +349,13 @@ int main(int argc, char** argv) {
   std::signal(SIGPIPE, SIG_IGN);
   try {
     return run(*config, commandLine);
+  } catch (const std::system_error& error) {
+    spdlog::critical("fatal: {}{}", error.what(),
+                     error.code() == std::errc::resource_unavailable_try_again
+                         ? " (a thread could not be started: the limit on processes and threads, "
+                           "ulimit -u or systemd's TasksMax=, may be too low)"
+                         : "");
+    return 1;
   } catch (const std::exception& error) {
     spdlog::critical("fatal: {}", error.what());
     return 1;

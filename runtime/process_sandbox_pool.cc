@@ -15,10 +15,11 @@
 #include <boost/asio/associated_executor.hpp>
 #include <boost/asio/async_result.hpp>
 #include <boost/asio/dispatch.hpp>
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/this_coro.hpp>
-#include <boost/asio/thread_pool.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/json/array.hpp>
 
@@ -102,11 +103,58 @@ CallOutcome failedOutcome(const registry::ToolRevisionPtr& tool, CallError error
   return outcome;
 }
 
+// What to say when a thread could not be started.
+std::runtime_error threadStartFailure(const char* what, const std::system_error& error) {
+  return std::runtime_error(std::string("could not start a thread for ") + what + " (" +
+                            error.what() +
+                            "): the limit on processes and threads is too low (ulimit -u, "
+                            "systemd's TasksMax=)");
+}
+
+// An io_context run by `count` threads, as asio::thread_pool, except when a thread cannot be
+// started: Boost 1.81's thread_pool constructor then waits forever for the threads it did start
+// (they run until their work ends, and it never does); this one stops them and throws.
+class ThreadPool {
+ public:
+  ThreadPool(int count, const char* what) {
+    try {
+      for (int i = 0; i < count; ++i) threads_.emplace_back([this] { io_.run(); });
+    } catch (const std::system_error& error) {
+      io_.stop();
+      for (auto& thread : threads_) thread.join();
+      throw threadStartFailure(what, error);
+    }
+  }
+  ~ThreadPool() {
+    io_.stop();
+    join();
+  }
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  asio::io_context::executor_type get_executor() { return io_.get_executor(); }
+  // Lets the threads end once everything queued has run, and waits for them.
+  void join() {
+    work_.reset();
+    for (auto& thread : threads_) {
+      if (thread.joinable()) thread.join();
+    }
+  }
+
+ private:
+  asio::io_context io_;
+  asio::executor_work_guard<asio::io_context::executor_type> work_{io_.get_executor()};
+  std::vector<std::thread> threads_;
+};
+
 // The one thread that starts and reaps host processes. PR_SET_PDEATHSIG in a host fires when the
 // thread that started it ends, so that thread must live as long as the pool: this one does.
 class Supervisor {
  public:
-  Supervisor() : thread_([this] { run(); }) {}
+  Supervisor() try : thread_([this] { run(); }) {
+  } catch (const std::system_error& error) {
+    throw threadStartFailure("the sandbox hosts' supervisor", error);
+  }
   ~Supervisor() { join(); }
   Supervisor(const Supervisor&) = delete;
   Supervisor& operator=(const Supervisor&) = delete;
@@ -313,8 +361,8 @@ struct ProcessSandboxPool::Impl : std::enable_shared_from_this<ProcessSandboxPoo
   std::string argv0;
   std::vector<std::string> environment;
 
-  asio::thread_pool hostThreads{kHostThreads};
-  asio::thread_pool quickRequestThreads{kQuickRequestThreads};
+  ThreadPool hostThreads{kHostThreads, "the sandbox hosts' requests"};
+  ThreadPool quickRequestThreads{kQuickRequestThreads, "the sandbox hosts' quick requests"};
   Supervisor supervisor;
   std::atomic<std::uint64_t> nextCallId{1};
 
@@ -676,7 +724,8 @@ std::shared_ptr<Process> ProcessSandboxPool::Impl::startLocked(unsigned slot) {
                        alive, {},
                        CallError{CallErrc::sandboxCrashed,
                                  "the sandbox process ended unexpectedly (e.g. V8 aborted on "
-                                 "a fatal error); the call's sandbox is gone",
+                                 "a fatal error; the daemon's log says why); the call's sandbox "
+                                 "is gone",
                                  {}},
                        "its connection ended (" + reason + ")", false);
                  });
@@ -835,7 +884,7 @@ void ProcessSandboxPool::Impl::end(const std::shared_ptr<Process>& process,
 
 void ProcessSandboxPool::Impl::runAborts(std::vector<std::function<void()>> aborts) {
   if (aborts.empty()) return;
-  asio::post(hostThreads, [aborts = std::move(aborts)] {
+  asio::post(hostThreads.get_executor(), [aborts = std::move(aborts)] {
     for (const auto& abort : aborts) {
       try {
         abort();

@@ -200,6 +200,15 @@ class HostSide {
   void onMessage(json::object message) {
     try {
       dispatch(message);  // may take members out of it
+    } catch (const std::system_error& e) {
+      // Not the message's fault: the host could not do what it asked (start its V8 threads).
+      spdlog::critical("the sandbox host cannot go on: {}{}; exiting", e.what(),
+                       e.code() == std::errc::resource_unavailable_try_again
+                           ? " (a thread could not be started: the limit on processes and "
+                             "threads, ulimit -u or systemd's TasksMax=, is too low)"
+                           : "");
+      exitCode_ = 4;
+      channel_->close("host failure");
     } catch (const std::exception& e) {
       spdlog::error("a message from the daemon broke the protocol ({}); exiting", e.what());
       exitCode_ = 3;
@@ -448,20 +457,26 @@ int runSandboxHost(int fd, int argc, char** argv) {
   // Its I/O runs on a thread of its own: this thread's stack is whatever `ulimit -s` left it, and
   // the daemon's messages nest as deep as its [limits] max_depth (toolhostd's main() sets every
   // other thread's stack).
-  std::thread ioThread([fd, &code] {
-    try {
-      // Never destroyed (see below).
-      auto* io = new asio::io_context(1);
-      auto* side = new HostSide(*io, fd);
-      side->start();
-      io->run();
-      code = side->exitCode();
-    } catch (const std::exception& e) {
-      spdlog::critical("the sandbox host failed: {}", e.what());
-      code = 2;
-    }
-  });
-  ioThread.join();
+  std::thread ioThread;
+  try {
+    ioThread = std::thread([fd, &code] {
+      try {
+        // Never destroyed (see below).
+        auto* io = new asio::io_context(1);
+        auto* side = new HostSide(*io, fd);
+        side->start();
+        io->run();
+        code = side->exitCode();
+      } catch (const std::exception& e) {
+        spdlog::critical("the sandbox host failed: {}", e.what());
+        code = 2;
+      }
+    });
+    ioThread.join();
+  } catch (const std::system_error& e) {
+    spdlog::critical("the sandbox host could not start its I/O thread: {}", e.what());
+    code = 2;
+  }
   spdlog::default_logger()->flush();
   // No destructors: the pool would join V8 threads, and one stuck in a builtin never returns.
   std::_Exit(code);

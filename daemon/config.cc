@@ -2,18 +2,23 @@
 
 #include "protocol/socket_path.h"
 
+#include <fcntl.h>
 #include <grp.h>
 #include <pwd.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <toml++/toml.h>
 
 #include <algorithm>
 #include <array>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <initializer_list>
 #include <sstream>
 #include <type_traits>
+#include <variant>
 
 namespace toolhost::daemon {
 namespace fs = std::filesystem;
@@ -431,6 +436,51 @@ fs::path defaultStateDir() {
   return fs::path("/tmp") / ("toolhost-" + std::to_string(geteuid())) / "state";
 }
 
+namespace {
+
+// More than any config needs: a bigger file is a mistake (the wrong file given).
+constexpr std::size_t kMaxConfigBytes = std::size_t{16} << 20;
+
+// The config file's text. Only a regular file: a FIFO or a device would block the reader (on a
+// reload, the daemon's I/O thread) until someone writes to it.
+std::variant<std::string, ConfigError> readConfigText(const std::string& file) {
+  const int fd = ::open(file.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+  if (fd < 0) return ConfigError{file + ": cannot be opened: " + std::strerror(errno)};
+  struct FdCloser {
+    int fd;
+    ~FdCloser() { ::close(fd); }
+  } closer{fd};
+  struct stat status {};
+  if (::fstat(fd, &status) != 0) {
+    return ConfigError{file + ": cannot be read: " + std::strerror(errno)};
+  }
+  if (!S_ISREG(status.st_mode)) {
+    return ConfigError{file +
+                       ": is not a regular file (a FIFO, a device or a directory cannot "
+                       "be a config file)"};
+  }
+  if (static_cast<std::uint64_t>(status.st_size) > kMaxConfigBytes) {
+    return ConfigError{file + ": is larger than " + std::to_string(kMaxConfigBytes >> 20) +
+                       " MiB; is it the right file?"};
+  }
+  std::string text;
+  char buffer[65536];
+  for (;;) {
+    const ssize_t got = ::read(fd, buffer, sizeof buffer);
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) return ConfigError{file + ": cannot be read: " + std::strerror(errno)};
+    if (got == 0) break;
+    text.append(buffer, static_cast<std::size_t>(got));
+    if (text.size() > kMaxConfigBytes) {
+      return ConfigError{file + ": is larger than " + std::to_string(kMaxConfigBytes >> 20) +
+                         " MiB; is it the right file?"};
+    }
+  }
+  return text;
+}
+
+}  // namespace
+
 Result loadConfig(const CommandLine& commandLine) {
   Config config;
   config.access = AccessRules::defaultFor(geteuid());
@@ -440,9 +490,11 @@ Result loadConfig(const CommandLine& commandLine) {
   if (commandLine.configFile) {
     const std::string file = commandLine.configFile->string();
     config.configFile = *commandLine.configFile;
+    auto text = readConfigText(file);
+    if (auto* error = std::get_if<ConfigError>(&text)) return *error;
     toml::table table;
     try {
-      table = toml::parse_file(file);
+      table = toml::parse(std::get<std::string>(text), file);
     } catch (const toml::parse_error& error) {
       std::ostringstream out;
       out << file << ":" << error.source().begin.line << ": " << error.description();

@@ -1,6 +1,7 @@
 #include "daemon/config.h"
 
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <catch2/catch.hpp>
 
@@ -281,4 +282,29 @@ TEST_CASE("peer credentials carry the connecting process's own groups", "[config
   std::sort(own.begin(), own.end());
   std::sort(peer.groups.begin(), peer.groups.end());
   CHECK(peer.groups == own);
+}
+
+TEST_CASE("a config path that is not a regular file is refused at once", "[config]") {
+  char pattern[] = "/tmp/th-config-dir-XXXXXX";
+  REQUIRE(::mkdtemp(pattern) != nullptr);
+  const fs::path dir = pattern;
+  const fs::path fifo = dir / "fifo";
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  auto loadFrom = [](const fs::path& path) {
+    CommandLine commandLine;
+    commandLine.configFile = path;
+    commandLine.socketPath = "/tmp/x.sock";
+    return loadConfig(commandLine);
+  };
+  // A FIFO nobody writes to: refused without blocking (a reload reads it on an I/O thread).
+  auto fromFifo = loadFrom(fifo);
+  REQUIRE_FALSE(fromFifo.has_value());
+  CHECK_THAT(fromFifo.error().detail, Catch::Contains("is not a regular file"));
+  auto fromDir = loadFrom(dir);
+  REQUIRE_FALSE(fromDir.has_value());
+  CHECK_THAT(fromDir.error().detail, Catch::Contains("is not a regular file"));
+  auto missing = loadFrom(dir / "missing.toml");
+  REQUIRE_FALSE(missing.has_value());
+  CHECK_THAT(missing.error().detail, Catch::Contains("cannot be opened"));
+  fs::remove_all(dir);
 }

@@ -158,6 +158,7 @@ void registerPolicyMethods(MethodTable& methods, PolicyServices services) {
             });
         if (!already && context.session) {
           context.session->onClose([&approvals, id] { approvals.removeApprover(id); });
+          context.session->servesOthers();
         }
         if (!already) {
           spdlog::info("conn={} subscribed as an approver ({} prompt(s) pending)", id,

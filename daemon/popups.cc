@@ -186,6 +186,7 @@ void registerPopupMethods(MethodTable& methods, PopupHosts& popups) {
             });
         if (!already && context.session) {
           context.session->onClose([&popups, id] { popups.removeHost(id); });
+          context.session->servesOthers();
         }
         if (!already) spdlog::info("conn={} subscribed as a popup host", id);
         co_return json::value(json::object{{"subscribed", true}, {"hosts", popups.hostCount()}});

@@ -299,6 +299,16 @@ void Server::removeSession(std::uint64_t id) {
   sessions_.erase(id);
 }
 
+std::size_t Server::othersCount() const {
+  std::lock_guard lock(mutex_);
+  std::size_t count = 0;
+  for (const auto& [id, weak] : sessions_) {
+    auto session = weak.lock();
+    if (session && !session->servingOthers()) ++count;
+  }
+  return count;
+}
+
 std::size_t Server::connectionCount() const {
   std::lock_guard lock(mutex_);
   return sessions_.size();
@@ -310,20 +320,31 @@ asio::awaitable<void> Server::shutdown(std::chrono::milliseconds grace) {
     acceptor_.close(ignored);
     unlinkSocket();
   });
-  std::vector<std::shared_ptr<Session>> live;
-  {
-    std::lock_guard lock(mutex_);
-    for (auto& [id, weak] : sessions_) {
-      if (auto session = weak.lock()) live.push_back(std::move(session));
+  // Popup hosts and approvers stay until the others have ended: calls there may wait on them.
+  auto stopReading = [this](bool servingOthers) {
+    std::vector<std::shared_ptr<Session>> live;
+    {
+      std::lock_guard lock(mutex_);
+      for (auto& [id, weak] : sessions_) {
+        auto session = weak.lock();
+        if (session && session->servingOthers() == servingOthers) {
+          live.push_back(std::move(session));
+        }
+      }
     }
-  }
-  for (auto& session : live) session->beginShutdown();
-  live.clear();
+    for (auto& session : live) session->beginShutdown();
+  };
+  stopReading(false);
+  bool othersEnded = false;
   asio::steady_timer timer(co_await asio::this_coro::executor);
   auto deadline = std::chrono::steady_clock::now() + grace;
   bool aborted = false;
   bool dropped = false;
   for (;;) {
+    if (!othersEnded && othersCount() == 0) {
+      othersEnded = true;
+      stopReading(true);
+    }
     if (connectionCount() == 0) break;
     if (aborted && std::chrono::steady_clock::now() >= deadline + std::chrono::seconds(2)) {
       spdlog::error("{} connection(s) did not end after being cancelled; exiting anyway",

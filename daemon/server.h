@@ -43,7 +43,8 @@ class Server {
   void start();
 
   // Stops accepting, lets sessions finish what is in flight for up to `grace`, then aborts the
-  // rest. Completes when every session has ended.
+  // rest. Completes when every session has ended. Sessions serving others (popup hosts,
+  // approvers) keep reading until all the others have ended.
   boost::asio::awaitable<void> shutdown(std::chrono::milliseconds grace);
 
   std::size_t connectionCount() const;
@@ -55,6 +56,7 @@ class Server {
   void startSession(boost::asio::local::stream_protocol::socket socket);
   void removeSession(std::uint64_t id);
   void unlinkSocket();
+  std::size_t othersCount() const;  // open sessions not serving others
 
   boost::asio::io_context& io_;
   const ConfigHolder& configs_;

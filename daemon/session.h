@@ -14,6 +14,7 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/json/object.hpp>
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -53,6 +54,11 @@ class Session : public std::enable_shared_from_this<Session> {
   // Runs `hook` once the connection has closed (or at once if it already has). Call on the
   // session's strand, e.g. from a method handler. A hook must not hold the Session.
   void onClose(std::function<void()> hook);
+  // This connection serves other connections' calls (a popup host, an approver): at shutdown it
+  // keeps reading until every other connection has ended, so that calls waiting on a person
+  // can still finish within the grace. Thread-safe.
+  void servesOthers() { servesOthers_ = true; }
+  bool servingOthers() const { return servesOthers_; }
 
   std::uint64_t id() const { return id_; }
   Socket::executor_type executor() { return socket_.get_executor(); }
@@ -151,6 +157,7 @@ class Session : public std::enable_shared_from_this<Session> {
   protocol::LineFramer framer_;
   LogBudget logBudget_;  // lines about this connection's bad input and failed requests
 
+  std::atomic<bool> servesOthers_{false};
   std::size_t inFlight_ = 0;
   bool stopReading_ = false;  // shutdown, over-long line, or EOF
   bool peerGone_ = false;     // the client is gone: cancel, never write again

@@ -189,6 +189,30 @@ TEST_CASE("popup: a host that never answers is closed after [popup] timeout_ms",
   CHECK(errorCode(host.answer(open, 1)) == -32001);
 }
 
+TEST_CASE("popup: at SIGTERM the approver and the host stay to finish the call waiting on them",
+          "[e2e][popup]") {
+  DaemonOptions options;
+  options.configToml = "[server]\nshutdown_grace_ms = 20000\n";
+  auto daemon = DaemonProcess::start(options);
+  Peer agent(daemon->socket());
+  deploy(agent, jsTool("popper", kPopper, popupCapabilities()));
+  Approver approver(daemon->socket());
+  PopupHost host(daemon->socket());
+
+  auto id = startCall(agent, "popper", customHtml());
+  auto prompt = approver.prompt();
+  ::kill(daemon->pid(), SIGTERM);
+  // Both still read and answer while the agent's call is in flight.
+  resultOf(approver.decide(prompt, "allow", "once"));
+  auto open = host.opened();
+  resultOf(host.answer(open, "chosen"));
+  CHECK(toolResult(agent.response(id)).at("answer") == "chosen");
+  // Then everyone is let go, well before the grace runs out.
+  auto status = daemon->wait(std::chrono::seconds(10));
+  REQUIRE(status.has_value());
+  CHECK(*status == 0);
+}
+
 namespace {
 
 // toolhostctl popup-host with pipes on stdin and stdout.

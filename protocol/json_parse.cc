@@ -13,6 +13,8 @@ namespace json = boost::json;
 
 namespace {
 
+constexpr double kInt64Limit = 9223372036854775808.0;  // 2^63
+
 // The length of the UTF-8 sequence at text[at], or 0 when it is not valid UTF-8 (RFC 3629: no
 // overlong forms, no surrogates, nothing above U+10FFFF).
 std::size_t utf8SequenceAt(std::string_view text, std::size_t at) {
@@ -143,7 +145,14 @@ class StrictHandler {
                   "number " + abbreviate(number_) + " is outside the range of a double");
     }
     number_.clear();
-    stack.push_double(exact);
+    // An integral number is one number however it is written (2, 2.0, 2e0, -0): stored as an
+    // integer within int64, as its hash (RFC 8785) and JavaScript take it, so that a schema's
+    // "type": "integer" and the code reading it agree with the revision or task id it gets.
+    if (exact == std::trunc(exact) && exact >= -kInt64Limit && exact < kInt64Limit) {
+      stack.push_int64(static_cast<std::int64_t>(exact));
+    } else {
+      stack.push_double(exact);
+    }
     return true;
   }
   bool on_bool(bool b, json::error_code&) {

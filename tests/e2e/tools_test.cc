@@ -275,3 +275,33 @@ TEST_CASE("kill -9 during installs leaves every stored manifest intact", "[e2e][
     CHECK(got.contains("result"));
   }
 }
+
+TEST_CASE("2.0 and 2 are one number: one revision, and both are integers", "[e2e][tools]") {
+  auto daemon = DaemonProcess::start();
+  RawClient client(daemon->socket());
+  auto install = [&](std::string_view wallMs) {
+    client.send(
+        R"({"jsonrpc":"2.0","id":1,"method":"tools.install","params":{"manifest":{"name":"n",)"
+        R"("description":"d","parameters":{"type":"object","properties":{"x":{"type":"integer"}}},)"
+        R"("limits":{"wallMs":)" +
+        std::string(wallMs) +
+        R"(},"execution":{"class":"sandboxed-code","runtime":"javascript",)"
+        R"("source":"export default (args) => args.x"}}}})"
+        "\n");
+    return resultOf(client.readJson().as_object());
+  };
+  auto asWritten = install("2000.0");
+  auto plain = install("2000");
+  CHECK(asWritten.at("revision") == plain.at("revision"));
+  CHECK(asWritten.at("created") == true);
+  resultOf(client.call("tools.activate",
+                       json::object{{"name", "n"}, {"revision", plain.at("revision")}}));
+  client.send(
+      R"({"jsonrpc":"2.0","id":2,"method":"tools.call","params":{"name":"n","arguments":{"x":2.0}}})"
+      "\n");
+  CHECK(resultOf(client.readJson().as_object()).at("result") == 2);
+  client.send(
+      R"({"jsonrpc":"2.0","id":3,"method":"tools.call","params":{"name":"n","arguments":{"x":2.5}}})"
+      "\n");
+  CHECK(errorCode(client.readJson().as_object()) == -32602);
+}

@@ -842,28 +842,37 @@ Result<PreparedCommit> TaskStore::prepareCommit(const json::array& tasks) {
 }
 
 Result<CommitOutcome> TaskStore::writeCommit(const PreparedCommit& prepared) {
-  if (limits_.maxStoredBytes > 0) {
-    std::uint64_t adding = 0;
-    for (const auto& [id, canonical] : prepared.tasks) adding += id.size() + canonical.size();
-    auto stored = store_.read([&](store::ReadTxn& txn) { return txn.bytes(tasks_); });
-    if (!stored) return storageError(store_, stored.error());
-    if (*stored + adding > limits_.maxStoredBytes) {
-      return RegistryError{
-          RegistryErrc::storage,
-          "the stored tasks take " + std::to_string(*stored) + " bytes and these " +
-              std::to_string(adding) + " more, past the " + std::to_string(limits_.maxStoredBytes) +
-              " bytes tasks may take of the state database (half of [store] map_size_mb); "
-              "an administrator can raise map_size_mb"};
-    }
-  }
-  // One transaction: every task or none.
+  // Counted in the write transaction: only tasks not stored yet add bytes (committing stored
+  // tasks again is harmless, even at the bound), and no other commit slips in between.
+  std::optional<std::pair<std::uint64_t, std::uint64_t>> overBound;  // stored, adding
   auto written = store_.write([&](store::WriteTxn& txn) -> boost::system::result<std::size_t> {
+    if (limits_.maxStoredBytes > 0) {
+      std::uint64_t adding = 0;
+      for (const auto& [id, canonical] : prepared.tasks) {
+        if (!txn.contains(tasks_, id)) adding += id.size() + canonical.size();
+      }
+      const std::uint64_t stored = txn.bytes(tasks_);
+      if (adding > 0 && stored + adding > limits_.maxStoredBytes) {
+        overBound.emplace(stored, adding);
+        return 0;  // nothing written
+      }
+    }
+    // One transaction: every task or none.
     std::size_t created = 0;
     for (const auto& [id, canonical] : prepared.tasks) {
       if (txn.putIfAbsent(tasks_, id, canonical)) ++created;
     }
     return created;
   });
+  if (written && overBound) {
+    return RegistryError{
+        RegistryErrc::storage,
+        "the stored tasks take " + std::to_string(overBound->first) + " bytes and these " +
+            std::to_string(overBound->second) + " more, past the " +
+            std::to_string(limits_.maxStoredBytes) +
+            " bytes tasks may take of the state database (half of [store] map_size_mb); "
+            "an administrator can raise map_size_mb"};
+  }
   if (!written) return storageError(store_, written.error());
   CommitOutcome outcome;
   outcome.created = *written;

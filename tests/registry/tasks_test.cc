@@ -716,6 +716,7 @@ TEST_CASE("stored tasks stay within their share of the state database", "[tasks]
   std::optional<std::string> parent;
   int committed = 0;
   RegistryError refused{RegistryErrc::notFound, ""};
+  std::optional<json::array> lastCommitted;
   for (int i = 0; i < 100; ++i) {
     json::array draft{
         json::object{{"kind", "message"}, {"role", "user"}, {"content", text + std::to_string(i)}}};
@@ -726,6 +727,7 @@ TEST_CASE("stored tasks stay within their share of the state database", "[tasks]
       refused = outcome.error();
       break;
     }
+    lastCommitted = *compiled;
     parent = str(compiled->at(0).at("id"));
     ++committed;
   }
@@ -734,6 +736,12 @@ TEST_CASE("stored tasks stay within their share of the state database", "[tasks]
   CHECK(committed < 14);
   CHECK(refused.code == RegistryErrc::storage);
   CHECK_THAT(refused.detail, Catch::Contains("map_size_mb"));
+  // Committing stored tasks again adds nothing: harmless, even at the bound.
+  REQUIRE(lastCommitted);
+  auto again = bounded.commit(*lastCommitted);
+  INFO((again ? "" : again.error().detail));
+  REQUIRE(again.has_value());
+  CHECK(again->created == 0);
   // Everything else still writes, and what was committed is there.
   f.installActive("after");
   CHECK(f.stored(*parent));

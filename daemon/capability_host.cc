@@ -313,7 +313,13 @@ asio::awaitable<void> runPopup(PopupJob job) {
 }  // namespace
 
 boost::system::result<json::object, std::string> DaemonCapabilityHost::resolveInvocation(
-    const registry::ToolRevision&, const std::string& name) {
+    const registry::ToolRevision&, const std::string& name, const json::object& invocation) {
+  // Within a lineage, its nearest definition of the name first, as tasks.compile pins a call.
+  if (const auto* task = invocation.if_contains("taskId"); task && task->is_string()) {
+    auto definition = services_.tasks.definitionFor(std::string(task->get_string()), name);
+    if (!definition) return definition.error().detail;
+    if (*definition) return json::object{{"toolRevision", **definition}};
+  }
   auto tool = services_.registry.getActive(name);
   if (!tool) return std::string("no active tool named ") + name.substr(0, 80);
   // Only opaque identities: no manifest, no settings values.

@@ -35,7 +35,8 @@ class DaemonCapabilityHost final : public runtime::CapabilityHost {
       : services_(services), executor_(std::move(executor)) {}
 
   boost::system::result<boost::json::object, std::string> resolveInvocation(
-      const registry::ToolRevision& caller, const std::string& name) override;
+      const registry::ToolRevision& caller, const std::string& name,
+      const boost::json::object& invocation) override;
   boost::system::result<boost::json::array, std::string> createSubtasks(
       const registry::ToolRevision& caller, const boost::json::value& drafts,
       const boost::json::object& invocation) override;

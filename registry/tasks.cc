@@ -881,6 +881,18 @@ Result<CommitOutcome> TaskStore::writeCommit(const PreparedCommit& prepared) {
   return outcome;
 }
 
+Result<std::optional<std::string>> TaskStore::definitionFor(const std::string& id,
+                                                            std::string_view name) {
+  if (!protocol::isContentHash(id)) return invalid("taskId: must be a task id");
+  auto summary =
+      unwrap(store_.read([&](store::ReadTxn& txn) { return summarize(txn, tasks_, id, limits_); }),
+             store_);
+  if (!summary) return summary.error();
+  auto found = summary->definitions.find(name);
+  if (found == summary->definitions.end()) return std::optional<std::string>();
+  return std::optional<std::string>(found->second.id);
+}
+
 Result<std::vector<std::string>> TaskStore::verifyAll() {
   return unwrap(store_.read([&](store::ReadTxn& txn) -> Result<std::vector<std::string>> {
     std::vector<std::string> problems;

@@ -109,6 +109,10 @@ class TaskStore {
   // One stored task, with its "id", re-hashed on read (a mismatch is RegistryErrc::integrity).
   Result<boost::json::object> get(const std::string& id);
 
+  // The id of the tooldefinition task nearest to `id` in its lineage that defines `name`, if any
+  // (a call compiled there would be pinned to it).
+  Result<std::optional<std::string>> definitionFor(const std::string& id, std::string_view name);
+
   // The task and its ancestors through parentId, root first.
   Result<boost::json::array> lineage(const std::string& id);
 

@@ -534,7 +534,8 @@ void CapabilityHost::startQuickRequest(const registry::ToolRevision& caller,
   const json::object* fields = request.if_object();
   if (kind == kResolveInvocation && fields != nullptr && fields->contains("name") &&
       fields->at("name").is_string()) {
-    auto resolved = resolveInvocation(caller, std::string(fields->at("name").get_string()));
+    auto resolved =
+        resolveInvocation(caller, std::string(fields->at("name").get_string()), invocation);
     if (!resolved) {
       operation->complete(HostOpFailure{"failed", resolved.error()});
     } else {

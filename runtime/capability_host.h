@@ -78,10 +78,12 @@ class CapabilityHost {
  public:
   virtual ~CapabilityHost() = default;
 
-  // The opaque revisions a call of tool `name` would run with: {toolRevision, settingsRevision?}.
+  // The opaque revisions a call of tool `name` would run with: {toolRevision, settingsRevision?},
+  // through the lineage of the caller's invocation (its taskId) first, as tasks.compile pins.
   // Anything else in the object is dropped before the tool sees it. An error is a sentence.
   virtual boost::system::result<boost::json::object, std::string> resolveInvocation(
-      const registry::ToolRevision& caller, const std::string& name) = 0;
+      const registry::ToolRevision& caller, const std::string& name,
+      const boost::json::object& invocation) = 0;
 
   // Compiles and hashes the drafts (as the tool passed them, already plain JSON) into tasks.
   virtual boost::system::result<boost::json::array, std::string> createSubtasks(

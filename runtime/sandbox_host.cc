@@ -79,7 +79,8 @@ class ForwardingHost final : public CapabilityHost {
 
   // Quick requests travel as operations (startQuickRequest); these blocking forms are never used.
   boost::system::result<json::object, std::string> resolveInvocation(const registry::ToolRevision&,
-                                                                     const std::string&) override {
+                                                                     const std::string&,
+                                                                     const json::object&) override {
     return std::string("the sandbox host asks the daemon without waiting");
   }
   boost::system::result<json::array, std::string> createSubtasks(const registry::ToolRevision&,

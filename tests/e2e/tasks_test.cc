@@ -607,3 +607,36 @@ TEST_CASE("the answers a client has not read stay bounded: the excess is output-
   auto again = client.call("tasks.get", json::object{{"id", id}});
   CHECK(again.contains("result"));
 }
+
+TEST_CASE("tasks: within a lineage, ctx.resolveInvocation pins a name as createSubtasksResult does",
+          "[e2e][tasks]") {
+  auto daemon = DaemonProcess::start();
+  RawClient client(daemon->socket());
+  const std::string bound = installActive(client, "gamma");
+  auto planner = manifest(
+      "planner",
+      "export default async (args, ctx) => ({\n"
+      "  resolved: (await ctx.resolveInvocation('gamma')).toolRevision,\n"
+      "  pinned: (await ctx.createSubtasksResult([{kind: 'functioncall', role: "
+      "'assistant', call: {name: 'gamma', arguments: {city: 'x'}}}]))[0].call.toolRevision,\n"
+      "})");
+  planner["capabilities"] = json::object{{"subtasks", true}};
+  auto installed = resultOf(client.call("tools.install", json::object{{"manifest", planner}}));
+  resultOf(client.call("tools.activate",
+                       json::object{{"name", "planner"}, {"revision", installed.at("revision")}}));
+  auto chain = append(client, json::array{message("user", "plan it"), definition("gamma"),
+                                          callDraft("planner", json::object{{"city", "Oslo"}})});
+  auto callIn = [&](std::optional<std::string> taskId) {
+    json::object params{{"name", "planner"}, {"arguments", json::object{{"city", "Oslo"}}}};
+    if (taskId) params["taskId"] = *taskId;
+    return resultOf(client.call("tools.call", params)).at("result").as_object();
+  };
+  // In the lineage: its definition of gamma, both ways.
+  auto inLineage = callIn(idOf(chain[2]));
+  CHECK(inLineage.at("resolved") == json::value(idOf(chain[1])));
+  CHECK(inLineage.at("pinned") == json::value(idOf(chain[1])));
+  // Outside any lineage: the registry's binding, both ways.
+  auto outside = callIn(std::nullopt);
+  CHECK(outside.at("resolved") == json::value(bound));
+  CHECK(outside.at("pinned") == json::value(bound));
+}

@@ -65,7 +65,8 @@ class FakeHost : public CapabilityHost {
   std::function<void()> beforeResolve;
 
   boost::system::result<boost::json::object, std::string> resolveInvocation(
-      const registry::ToolRevision& caller, const std::string& name) override {
+      const registry::ToolRevision& caller, const std::string& name,
+      const boost::json::object&) override {
     if (beforeResolve) beforeResolve();
     std::lock_guard lock(mutex_);
     resolved.push_back(caller.name + " -> " + name);

@@ -402,6 +402,77 @@ void onCtxDoor(const v8::FunctionCallbackInfo<v8::Value>& info) {
       v8::Exception::TypeError(v8String(info.GetIsolate(), "not a door")));
 }
 
+// Compiled and run in each context before any tool code: wraps Date.prototype.toLocaleString,
+// toLocaleDateString and toLocaleTimeString. V8 keeps an ICU pattern generator for every locale
+// they meet, in a process-wide cache that is never emptied, keyed with the locale's Unicode
+// extensions (-u-ca-..., -u-nu-...) and the calendar and numberingSystem options: about 40 KB
+// each, so a tool, or an agent choosing the locale, could grow the sandbox process by gigabytes.
+// The wrappers drop those extensions and options, leaving as many keys as ICU has locales. They
+// read nothing the tool could replace: captured functions, called through the captured apply;
+// lists and options built on null-prototype objects or with defineProperty.
+constexpr const char* kLocaleDatesPrelude = R"JS((function () {
+  'use strict';
+  const apply = Reflect.apply;
+  const define = Reflect.defineProperty;
+  const isArray = Array.isArray;
+  const toString = String;
+  const indexOf = String.prototype.indexOf;
+  const slice = String.prototype.slice;
+  const TypeErrorCtor = TypeError;
+  const kept = ['dateStyle', 'timeStyle', 'weekday', 'era', 'year', 'month', 'day', 'dayPeriod',
+                'hour', 'minute', 'second', 'fractionalSecondDigits', 'timeZoneName', 'timeZone',
+                'hour12', 'hourCycle', 'formatMatcher', 'localeMatcher'];
+  // The tag up to its first singleton subtag (u, t, x, ...): language, script, region, variants.
+  const bare = (value) => {
+    const tag = typeof value === 'string' ? value : toString(value);
+    let start = 0;
+    for (;;) {
+      const dash = apply(indexOf, tag, ['-', start]);
+      const end = dash < 0 ? tag.length : dash;
+      if (end - start === 1 && start > 0) return apply(slice, tag, [0, start - 1]);
+      if (dash < 0) return tag;
+      start = dash + 1;
+    }
+  };
+  const locales = (given) => {
+    if (given === undefined) return undefined;
+    if (typeof given === 'string') return bare(given);
+    if (!isArray(given)) {
+      throw new TypeErrorCtor('locales must be a string or an array of strings');
+    }
+    const out = [];
+    for (let i = 0; i < given.length; i++) {
+      define(out, i, {__proto__: null, value: bare(given[i]), writable: true, enumerable: true,
+                      configurable: true});
+    }
+    return out;
+  };
+  const options = (given) => {
+    if (given === undefined || given === null) return given;
+    const out = {__proto__: null};
+    for (let i = 0; i < kept.length; i++) {
+      const value = given[kept[i]];
+      if (value !== undefined) out[kept[i]] = value;
+    }
+    return out;
+  };
+  const proto = Date.prototype;
+  const wrap = (name) => {
+    const original = proto[name];
+    const wrapped = {
+      [name](given, choices) {
+        return apply(original, this, [locales(given), options(choices)]);
+      },
+    }[name];
+    define(proto, name, {__proto__: null, value: wrapped, writable: true, enumerable: false,
+                         configurable: true});
+  };
+  wrap('toLocaleString');
+  wrap('toLocaleDateString');
+  wrap('toLocaleTimeString');
+  return () => {};
+}))JS";
+
 // Compiled and run in each context before any tool code: returns the per-call ctx maker. The
 // door indexes are those of `Door`. Arrow functions: not constructible, named by their keys,
 // `length` as declared; they read nothing the tool could replace (a direct call of a captured
@@ -558,7 +629,8 @@ bool installGlobals(v8::Local<v8::Context> context, Prelude& prelude) {
   v8::Local<v8::Object> global = context->Global();
   // Intl goes too: its objects (a DateTimeFormat, a Segmenter's segments of a long string) keep
   // ICU memory outside the V8 heap that no limit sees, so a tool holding thousands of them grows
-  // its sandbox process by gigabytes. toLocaleString and localeCompare, which keep nothing, stay.
+  // its sandbox process by gigabytes. toLocaleString and localeCompare stay (Date's toLocale*
+  // wrapped: kLocaleDatesPrelude).
   for (const char* name : {"SharedArrayBuffer", "Atomics", "WebAssembly", "Intl", "console"}) {
     global->Delete(context, v8String(isolate, name)).FromMaybe(false);
   }
@@ -583,8 +655,12 @@ bool installGlobals(v8::Local<v8::Context> context, Prelude& prelude) {
                           orEmpty(function(context, &onGlobalFetch, none, 2, "fetch")),
                           v8::DontEnum)
       .FromMaybe(false);
-  v8::Local<v8::Function> makeResponse;
-  if (!installFetchPrelude(context).ToLocal(&makeResponse)) return false;
+  v8::Local<v8::Function> makeResponse, installed;
+  if (!runPreludeFactory(context, "toolhost:dates", kLocaleDatesPrelude, v8::Undefined(isolate))
+           .ToLocal(&installed) ||
+      !installFetchPrelude(context).ToLocal(&makeResponse)) {
+    return false;
+  }
   prelude.makeResponse.Reset(isolate, makeResponse);
 
   v8::Local<v8::Function> door, made;

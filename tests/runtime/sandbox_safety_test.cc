@@ -384,6 +384,33 @@ TEST_CASE("a tool reaches nothing of the host", "[safety]") {
     CHECK(outcome.result->at("number") == "1.234,5");
     CHECK(outcome.result->at("compared") == -1);
   }
+  SECTION("Date's locale methods take no calendar or numbering system, however asked") {
+    // V8 keeps an ICU pattern generator per locale with its extensions, for the process's life.
+    auto tool = makeTool(R"(export default () => {
+        const d = new Date(0);
+        const tz = {timeZone: 'UTC'};
+        const threw = (f) => { try { f(); return 'no'; } catch (e) { return e.name; } };
+        return {
+          plain: d.toLocaleString('en-US', tz),
+          extension: d.toLocaleString('en-US-u-nu-arab-ca-japanese', tz),
+          options: d.toLocaleString('en-US', {timeZone: 'UTC', numberingSystem: 'arab', calendar: 'japanese'}),
+          list: d.toLocaleDateString(['ar-EG-u-nu-arab', 'en'], tz),
+          time: d.toLocaleTimeString('en-US-u-hc-h23', {timeZone: 'UTC', hourCycle: 'h23'}),
+          arrayLike: threw(() => d.toLocaleString({length: 1, 0: 'en-u-nu-arab'})),
+        };
+      })");
+    auto outcome = f.call(tool);
+    INFO(describe(outcome));
+    REQUIRE(outcome.result);
+    const auto& got = outcome.result->as_object();
+    CHECK(got.at("plain") == "1/1/1970, 12:00:00 AM");
+    CHECK(got.at("extension") == got.at("plain"));
+    CHECK(got.at("options") == got.at("plain"));
+    // The locale's own defaults stay (Egyptian Arabic writes Arabic digits); hourCycle stays.
+    CHECK(got.at("list") != "1/1/1970");
+    CHECK(got.at("time") == "00:00:00");
+    CHECK(got.at("arrayLike") == "TypeError");
+  }
   SECTION("code generation, dynamic import, WebAssembly and Atomics.wait are unavailable") {
     auto tool = makeTool(R"(export default async () => {
         const attempt = async (f) => { try { await f(); return 'allowed'; } catch (e) { return e.name; } };

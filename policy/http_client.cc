@@ -5,6 +5,8 @@
 #include <openssl/ssl.h>
 #include <openssl/x509.h>
 #include <openssl/x509v3.h>
+#include <sys/socket.h>
+#include <unistd.h>
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/experimental/awaitable_operators.hpp>
 #include <boost/asio/ip/tcp.hpp>
@@ -25,6 +27,8 @@
 
 #include <algorithm>
 #include <array>
+#include <cerrno>
+#include <cstring>
 #include <exception>
 #include <stdexcept>
 #include <tuple>
@@ -45,6 +49,21 @@ using Clock = std::chrono::steady_clock;
 using tcp = asio::ip::tcp;
 
 namespace {
+
+// Why a socket of `protocol` cannot be opened now (EMFILE, ENFILE, ENOBUFS), if it cannot.
+std::optional<std::string> socketOpenFailure(const tcp& protocol) {
+  const int fd = ::socket(protocol.family(), SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd >= 0) {
+    ::close(fd);
+    return std::nullopt;
+  }
+  const int error = errno;
+  std::string reason = std::strerror(error);
+  if (error == EMFILE || error == ENFILE) {
+    reason += "; raise the daemon's limit on open files (ulimit -n, systemd's LimitNOFILE=)";
+  }
+  return reason;
+}
 
 // Interim (1xx) responses read before the final one; more is a misbehaving server.
 constexpr int kMaxInterimResponses = 8;
@@ -592,6 +611,14 @@ asio::awaitable<FetchResult> HttpClient::exchange(HttpRequest request, FetchLimi
     co_return timeoutError(destination, limits, "connecting");
   }
   if (connectError) {
+    // A socket that could not even be opened (no file descriptor left) comes back from the
+    // range connect as "Operation canceled": say what it was.
+    if (auto local = socketOpenFailure(endpoints.front().protocol())) {
+      co_return FetchError{FetchErrc::connectFailed,
+                           "Could not connect to " + destination.origin +
+                               ": the daemon could not open a socket (" + *local +
+                               "). It is out of resources, not the server; try again later."};
+    }
     std::string tried;
     for (const auto& address : addresses) {
       tried += (tried.empty() ? "" : ", ") + formatAddress(address);

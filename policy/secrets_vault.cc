@@ -3,6 +3,7 @@
 #include "policy/decisions.h"
 #include "protocol/json_parse.h"
 #include "protocol/json_text.h"
+#include "protocol/path_trust.h"
 
 #include <fcntl.h>
 #include <openssl/crypto.h>
@@ -377,7 +378,15 @@ std::optional<VaultError> parseKey(const std::string& text, unsigned char* out,
 
 std::optional<VaultError> readKey(const KeySource& source, unsigned char* out) {
   const std::string path = source.path.string();
-  const int fd = ::open(source.path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY);
+  // A directory on the way that another user can write to (or a symbolic link through one)
+  // lets that user put a key they know in place of this one.
+  if (auto reason = protocol::untrustedPathReason(source.path)) {
+    return error(VaultErrc::keyInvalid, "the secrets key " + path + " (" + source.description +
+                                            ") cannot be trusted: " + *reason);
+  }
+  // Non-blocking: a FIFO in its place would otherwise hold the daemon's start forever; it is
+  // refused below as not a regular file.
+  const int fd = ::open(source.path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
   if (fd < 0) {
     const int code = errno;
     return error(VaultErrc::keyInvalid, "cannot read the secrets key " + path + " (" +

@@ -136,7 +136,7 @@ TEST_CASE("a socket or state directory, or a secrets key, others control is refu
   REQUIRE(::chown(key.c_str(), 65534, 65534) == 0);
   DaemonOptions keyOfTheirs;
   keyOfTheirs.configToml = "[secrets]\nkey_file = \"" + key.string() + "\"\n";
-  checkStartRefused(keyOfTheirs, "belongs to uid 65534", "refusing a key this user does not own");
+  checkStartRefused(keyOfTheirs, "belongs to uid 65534", "cannot be trusted");
 }
 
 TEST_CASE("toolhostctl does not trust a default socket directory in /tmp made by another user",

@@ -417,3 +417,23 @@ TEST_CASE("vault: a store with secrets but no key-check row checks the key on a 
   World w(dir.state());
   CHECK(reveal(*w.vault) == kValue);
 }
+
+TEST_CASE("vault: a key in a place others can change, or not a file, is refused at once",
+          "[vault][key]") {
+  TempDir dir;
+  std::string raw(32, 'k');
+  // Another user could swap a key in a directory everyone may write to.
+  const fs::path shared = dir.path() / "shared";
+  fs::create_directory(shared);
+  fs::permissions(shared, fs::perms::all);  // 0777, no sticky bit
+  writeFile(shared / "toolhost.key", raw);
+  auto untrusted = openError(dir.state(), keyAt(shared / "toolhost.key", false));
+  CHECK(untrusted.code == VaultErrc::keyInvalid);
+  CHECK_THAT(untrusted.message, Catch::Contains("cannot be trusted"));
+  // A FIFO in the key's place: refused without waiting for a writer.
+  const fs::path fifo = dir.path() / "fifo.key";
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  auto notFile = openError(dir.state(), keyAt(fifo, false));
+  CHECK(notFile.code == VaultErrc::keyInvalid);
+  CHECK_THAT(notFile.message, Catch::Contains("not a regular file"));
+}

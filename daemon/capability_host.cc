@@ -197,6 +197,14 @@ asio::awaitable<void> runFetch(FetchJob job) {
     co_return;
   }
   record.secrets = secrets->names;
+  // Every value the revision could send comes out of what it receives, not only the ones this
+  // request carried: a value sent earlier to a server that keeps it (a note, a paste) would
+  // otherwise come back whole in a later response.
+  if (job.services.secrets != nullptr) {
+    for (auto& value : job.services.secrets->valuesFor(job.key.toolRevision)) {
+      secrets->values.push_back(std::move(value));
+    }
+  }
   const auto limits = fetchLimits(*job.services.configs.current());
   const auto started = Clock::now();
   auto result = co_await job.services.http.fetch(std::move(job.request), limits, job.toolName);

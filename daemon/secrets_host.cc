@@ -248,6 +248,21 @@ boost::system::result<SecretsHost::Use, HostOpFailure> SecretsHost::use(
   return out;
 }
 
+std::vector<policy::SecretValue> SecretsHost::valuesFor(const std::string& revision) {
+  std::vector<policy::SecretValue> values;
+  auto found = registry_.getRevision(revision);
+  if (!found) return values;
+  const registry::ToolRevision& tool = **found;
+  for (const auto& name : requestedSecrets(tool.manifest)) {
+    auto resolved = resolve(tool.name, tool.revision, name);
+    if (!resolved || !*resolved) continue;
+    const auto& record = (*resolved)->record;
+    auto revealed = vault_.reveal(record.tool, record.revision, record.name);
+    if (revealed && *revealed) values.push_back(std::move((*revealed)->value));
+  }
+  return values;
+}
+
 json::object SecretsHost::describeRequested(const registry::ToolRevision& tool) {
   json::array own, carried, missing;
   for (const auto& name : requestedSecrets(tool.manifest)) {

@@ -83,6 +83,12 @@ class SecretsHost {
                                                          const std::string& origin,
                                                          Placement placement, bool reveal);
 
+  // The value of every secret `tool` requests that resolves (its own or carried), whatever its
+  // grant: for redaction from every response the tool receives, so that a value sent to a
+  // server that keeps it cannot come back in a later response without a placeholder. A secret
+  // that cannot be read is left out (its use would fail anyway).
+  std::vector<policy::SecretValue> valuesFor(const std::string& revision);
+
   // For tools.activate: the secrets `tool` requests, as {own, carried, missing} name lists (set
   // for this revision, resolvable through another revision's carry, not resolvable).
   boost::json::object describeRequested(const registry::ToolRevision& tool);

@@ -236,6 +236,22 @@ TEST_CASE("secrets: the value goes only to a granted origin, its echo comes back
   checkNoValueAnywhere(s);
 }
 
+TEST_CASE("secrets: a value kept by the server comes back redacted in a later response too",
+          "[e2e][secrets]") {
+  Setup s;
+  s.deployUser("user");
+  s.setSecret(json::object{{"tool", "user"}, {"allowBody", true}});
+  // Stored in a notes service, then read back by a request that carries no placeholder.
+  auto stored = s.run("user", json::object{{"url", s.granted.url("/notes")},
+                                           {"method", "POST"},
+                                           {"header", false},
+                                           {"body", "note: {key}"}});
+  CHECK(stored.at("status") == 200);
+  auto readBack = s.run("user", json::object{{"url", s.granted.url("/notes")}, {"header", false}});
+  CHECK(text(readBack.at("text")) == "note: [redacted]");
+  checkNoValueAnywhere(s);
+}
+
 TEST_CASE("secrets: a value sent trimmed is redacted too and Content-Length follows the redaction",
           "[e2e][secrets]") {
   Setup s;

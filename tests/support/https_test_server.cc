@@ -107,6 +107,7 @@ struct HttpsTestServer::Impl {
 
   mutable std::mutex mutex;
   mutable std::condition_variable changed;
+  std::string note;  // what the last POST to /notes stored (under mutex)
   std::map<std::string, std::size_t, std::less<>> requests;
   std::size_t total = 0;
   std::size_t accepted = 0;
@@ -243,6 +244,16 @@ asio::awaitable<After> HttpsTestServer::Impl::respond(Stream& stream, Request& r
     co_return co_await send(
         stream, head, keepAlive,
         textResponse(http::status::ok, boost::json::serialize(echo), "application/json"));
+  }
+  if (path == "/notes") {
+    // Keeps what a POST sends; a GET reads it back (a notes or paste service).
+    std::string body;
+    {
+      std::lock_guard lock(mutex);
+      if (request.method() == http::verb::post) note = request.body();
+      body = note;
+    }
+    co_return co_await send(stream, head, keepAlive, textResponse(http::status::ok, body));
   }
   if (path == "/auth-in-names") {
     // The last word of the Authorization header, echoed where a value is not looked for

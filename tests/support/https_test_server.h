@@ -8,6 +8,7 @@
 //   /ok                 200 text/plain "ok"
 //   /json               200 application/json {"ok":true}
 //   /echo               200 application/json {"method","target","headers":[[name,value]...],"body"}
+//   /notes              200, a POST's body kept; a GET answers the last one kept
 //   /auth-in-names      200 "ok", the Authorization header's last word in the reason phrase
 //                       ("OK <word>") and in the name of a header X-<word>: 1
 //   /redirect           302 to /ok (Location: /ok)

@@ -151,6 +151,7 @@ struct CallJob : std::enable_shared_from_this<CallJob> {
   registry::ToolRevisionPtr tool;
   json::object arguments;
   bool disposable = false;
+  std::uint64_t ownHeapReserved = 0;  // of ownHeapLimits, for a sandbox of its own (under mutex)
   std::shared_ptr<Slot> slot;
   std::shared_ptr<CallState> call;
   Watchdog* watchdog = nullptr;
@@ -266,6 +267,10 @@ struct SandboxPool::Impl {
   // The sum of heapBytes over `retained`, kept as slots come, go and report their heap, so that
   // the budget check after every call costs nothing while the pool is within its limits.
   std::uint64_t retainedHeap = 0;
+  // The heap limits of the calls in sandboxes of their own (disposable, or tighter limits than
+  // the manifest's), together: while such a call waits on its host operations it holds its
+  // whole heap outside every retained slot, so they are bounded by memoryBudgetMb too.
+  std::uint64_t ownHeapLimits = 0;
   std::set<std::shared_ptr<CallJob>> jobs;
   bool stopping = false;
   std::function<void()> lateChange;  // set before the first call
@@ -557,6 +562,18 @@ std::variant<CallOutcome, std::shared_ptr<CallJob>> SandboxPool::Impl::admit(
                       " calls running or waiting; try again later");
   }
   if (job->disposable) {
+    const std::uint64_t heap = static_cast<std::uint64_t>(limits.heapMb) * kMiB;
+    const std::uint64_t budget = static_cast<std::uint64_t>(config.memoryBudgetMb) * kMiB;
+    if (ownHeapLimits > 0 && ownHeapLimits + heap > budget) {
+      return failed(tool, CallErrc::overloaded,
+                    "calls in sandboxes of their own (disposable, or with tighter limits) already "
+                    "hold heaps of up to " +
+                        std::to_string(ownHeapLimits / kMiB) + " MiB of the " +
+                        std::to_string(config.memoryBudgetMb) +
+                        " MiB of [runtime] memory_budget_mb; try again later");
+    }
+    ownHeapLimits += heap;
+    job->ownHeapReserved = heap;
     job->slot = std::make_shared<Slot>(asio::make_strand(io), tool->revision, tool->name,
                                        SandboxSettings{limits.heapMb, limits.arrayBufferMb}, false);
   } else {
@@ -801,6 +818,7 @@ void SandboxPool::Impl::finish(const std::shared_ptr<CallJob>& job, std::excepti
     Slot& slot = *job->slot;
     --slot.pending;
     jobs.erase(job);
+    ownHeapLimits -= std::exchange(job->ownHeapReserved, 0);
     if (!job->disposable) changedLocked(slot.revision);
     if (job->ran) {
       ++slot.calls;

@@ -1279,3 +1279,25 @@ TEST_CASE("every limit applies in a pre-warmed shell as in a sandbox made on dem
     CHECK(awaitSpare(f.pool, 1).taken == taken);
   }
 }
+
+TEST_CASE("calls in sandboxes of their own hold heaps within memory_budget_mb together",
+          "[pool][limits]") {
+  RuntimeConfig config = testConfig();
+  config.memoryBudgetMb = 64;  // two heaps of 32 MiB
+  PoolFixture f(config);
+  auto spin = makeTool("export default () => { for (;;) {} }", limits({{"wallMs", 300}}));
+  auto outcomes = callTogether(f.pool, {{spin, {}, disposable()},
+                                        {spin, {}, disposable()},
+                                        {spin, {}, disposable()},
+                                        {spin, {}, {}}});  // retained: counted as before
+  CHECK(errc(outcomes[0]) == CallErrc::timeout);
+  CHECK(errc(outcomes[1]) == CallErrc::timeout);
+  REQUIRE(errc(outcomes[2]) == CallErrc::overloaded);
+  CHECK_THAT(outcomes[2].result.error().detail, Catch::Contains("memory_budget_mb"));
+  CHECK(errc(outcomes[3]) == CallErrc::timeout);
+  // Given back when they end.
+  auto quick = makeTool("export default () => 'ok'");
+  auto again = callTogether(f.pool, {{quick, {}, disposable()}, {quick, {}, disposable()}});
+  CHECK(*again[0].result == "ok");
+  CHECK(*again[1].result == "ok");
+}

@@ -197,11 +197,12 @@ asio::awaitable<void> runFetch(FetchJob job) {
     co_return;
   }
   record.secrets = secrets->names;
-  // Every value the revision could send comes out of what it receives, not only the ones this
-  // request carried: a value sent earlier to a server that keeps it (a note, a paste) would
-  // otherwise come back whole in a later response.
+  // Every value the revision may send to this origin comes out of what it receives from there,
+  // not only the ones this request carried: a value sent earlier to a server that keeps it (a
+  // note, a paste) would otherwise come back whole in a later response.
   if (job.services.secrets != nullptr) {
-    for (auto& value : job.services.secrets->valuesFor(job.key.toolRevision)) {
+    for (auto& value :
+         job.services.secrets->valuesFor(job.key.toolRevision, job.request.destination.origin)) {
       secrets->values.push_back(std::move(value));
     }
   }

@@ -248,7 +248,8 @@ boost::system::result<SecretsHost::Use, HostOpFailure> SecretsHost::use(
   return out;
 }
 
-std::vector<policy::SecretValue> SecretsHost::valuesFor(const std::string& revision) {
+std::vector<policy::SecretValue> SecretsHost::valuesFor(const std::string& revision,
+                                                        const std::string& origin) {
   std::vector<policy::SecretValue> values;
   auto found = registry_.getRevision(revision);
   if (!found) return values;
@@ -258,7 +259,10 @@ std::vector<policy::SecretValue> SecretsHost::valuesFor(const std::string& revis
     if (!resolved || !*resolved) continue;
     const auto& record = (*resolved)->record;
     auto revealed = vault_.reveal(record.tool, record.revision, record.name);
-    if (revealed && *revealed) values.push_back(std::move((*revealed)->value));
+    if (!revealed || !*revealed) continue;
+    const auto& origins = (*revealed)->record.origins;
+    if (std::find(origins.begin(), origins.end(), origin) == origins.end()) continue;
+    values.push_back(std::move((*revealed)->value));
   }
   return values;
 }

@@ -83,11 +83,14 @@ class SecretsHost {
                                                          const std::string& origin,
                                                          Placement placement, bool reveal);
 
-  // The value of every secret `tool` requests that resolves (its own or carried), whatever its
-  // grant: for redaction from every response the tool receives, so that a value sent to a
-  // server that keeps it cannot come back in a later response without a placeholder. A secret
-  // that cannot be read is left out (its use would fail anyway).
-  std::vector<policy::SecretValue> valuesFor(const std::string& revision);
+  // The value of every secret the revision requests that resolves (its own or carried) and is
+  // granted to `origin`: for redaction from every response from that origin, so that a value
+  // sent to a server that keeps it cannot come back in a later response without a placeholder.
+  // Never a secret not granted to `origin` (its value was never sent there, and redacting it
+  // would let any echoing server tell a tool whether a guess is right). A secret that cannot be
+  // read is left out (its use would fail anyway).
+  std::vector<policy::SecretValue> valuesFor(const std::string& revision,
+                                             const std::string& origin);
 
   // For tools.activate: the secrets `tool` requests, as {own, carried, missing} name lists (set
   // for this revision, resolvable through another revision's carry, not resolvable).

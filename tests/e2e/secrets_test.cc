@@ -249,6 +249,24 @@ TEST_CASE("secrets: a value kept by the server comes back redacted in a later re
   CHECK(stored.at("status") == 200);
   auto readBack = s.run("user", json::object{{"url", s.granted.url("/notes")}, {"header", false}});
   CHECK(text(readBack.at("text")) == "note: [redacted]");
+  // Only from an origin the secret is granted to: elsewhere the value was never sent, and a
+  // redacted echo would tell a tool that a guess of it is right.
+  auto guesser = jsTool("guesser",
+                        "export default async (args) => {\n"
+                        "  const r = await fetch(args.url, {method: 'POST', body: args.guess});\n"
+                        "  return {same: (await r.json()).body === args.guess};\n"
+                        "}",
+                        s.capabilities());
+  auto revision = deploy(*s.admin, guesser);
+  for (const auto& origin : {s.granted.origin(), s.other.origin()}) {
+    decideAhead(*s.admin, revision, "fetch", origin, "write");
+  }
+  s.setSecret(json::object{{"tool", "guesser"}});
+  auto guessed = resultOf(s.admin->call(
+      "tools.call",
+      json::object{{"name", "guesser"},
+                   {"arguments", json::object{{"url", s.other.url("/echo")}, {"guess", kValue}}}}));
+  CHECK(guessed.at("result").at("same") == true);
   checkNoValueAnywhere(s);
 }
 

@@ -1,5 +1,7 @@
 #include "registry/json_schema.h"
 
+#include "protocol/json_parse.h"
+
 #include "protocol/json_text.h"
 
 #include <valijson/adapters/boost_json_adapter.hpp>
@@ -162,6 +164,7 @@ std::optional<std::string> checkKeywords(const boost::json::value& document) {
 // values (which bounds a schema without references too).
 
 constexpr std::size_t kMaxReferences = 1000;
+constexpr std::size_t kMaxSchemaDepth = 128;
 constexpr std::size_t kMaxExpandedValues = 20000;
 // Past this many values an instance's violation is reported without its place.
 constexpr std::size_t kMaxDiagnosedValues = 100'000;
@@ -396,6 +399,13 @@ std::string SchemaViolation::describe(std::string_view what) const {
 boost::system::result<JsonSchema, SchemaError> JsonSchema::compile(const boost::json::value& schema) {
   if (!schema.is_object() && !schema.is_bool()) {
     return SchemaError{"a JSON Schema must be an object or a boolean"};
+  }
+  // valijson's parser takes about 10 KB of stack per level of a schema (more in a debug or
+  // sanitizer build): the 1000 levels [limits] max_depth allows would overflow a thread's 8 MiB.
+  if (const std::size_t depth = protocol::jsonDepth(schema); depth > kMaxSchemaDepth) {
+    return SchemaError{"the schema nests " + std::to_string(depth) +
+                       " levels of JSON deep; a schema may nest at most " +
+                       std::to_string(kMaxSchemaDepth)};
   }
   JsonSchema compiled;
   if (auto refused = checkReferences(schema, compiled.expandedValues_)) {

@@ -437,6 +437,14 @@ TEST_CASE("requests as deep as max_depth allows are served on a small `ulimit -s
     text += std::string(static_cast<std::size_t>(levels), '}');
     return text;
   };
+  // A schema of array items nested `levels` deep (one JSON level each).
+  auto deepItems = [](int levels) {
+    std::string text;
+    for (int i = 0; i < levels; ++i) text += R"({"items":)";
+    text += "{}";
+    text += std::string(static_cast<std::size_t>(levels), '}');
+    return text;
+  };
   // A schema of object properties nested `levels` deep (two JSON levels each).
   auto deepSchema = [](int levels) {
     std::string text;
@@ -456,6 +464,11 @@ TEST_CASE("requests as deep as max_depth allows are served on a small `ulimit -s
       R"("description":"d","parameters":)" +
           deepSchema(490) +
           R"(,"execution":{"class":"sandboxed-code","runtime":"javascript",)"
+          R"("source":"export default () => 1"}}}})",
+      R"({"jsonrpc":"2.0","id":5,"method":"tools.install","params":{"manifest":{"name":"deeper",)"
+      R"("description":"d","parameters":{"type":"object","properties":{"a":)" +
+          deepItems(985) +
+          R"(}},"execution":{"class":"sandboxed-code","runtime":"javascript",)"
           R"("source":"export default () => 1"}}}})",
   };
   for (const auto& line : lines) {

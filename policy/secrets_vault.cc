@@ -455,6 +455,11 @@ bool writeAll(int fd, const unsigned char* bytes, std::size_t size) {
 // then linked to its name, which must not exist. `out` receives the key.
 std::optional<VaultError> createKey(const KeySource& source, unsigned char* out) {
   const std::string path = source.path.string();
+  // As readKey judges it: a key made where another user can replace it is theirs to read.
+  if (auto reason = protocol::untrustedPathReason(source.path.parent_path())) {
+    return error(VaultErrc::keyInvalid, "the secrets key " + path + " (" + source.description +
+                                            ") cannot be trusted: " + *reason);
+  }
   if (RAND_bytes(out, static_cast<int>(kKeyBytes)) != 1) {
     return error(VaultErrc::crypto, "the system gave no random bytes for a new secrets key");
   }

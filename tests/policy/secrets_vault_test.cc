@@ -430,6 +430,11 @@ TEST_CASE("vault: a key in a place others can change, or not a file, is refused 
   auto untrusted = openError(dir.state(), keyAt(shared / "toolhost.key", false));
   CHECK(untrusted.code == VaultErrc::keyInvalid);
   CHECK_THAT(untrusted.message, Catch::Contains("cannot be trusted"));
+  // Nor is one made there on a first start.
+  auto notMade = openError(dir.state(), keyAt(shared / "new.key", true));
+  CHECK(notMade.code == VaultErrc::keyInvalid);
+  CHECK_THAT(notMade.message, Catch::Contains("cannot be trusted"));
+  CHECK_FALSE(fs::exists(shared / "new.key"));
   // A FIFO in the key's place: refused without waiting for a writer.
   const fs::path fifo = dir.path() / "fifo.key";
   REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);

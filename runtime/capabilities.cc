@@ -414,6 +414,7 @@ constexpr const char* kLocaleDatesPrelude = R"JS((function () {
   'use strict';
   const apply = Reflect.apply;
   const define = Reflect.defineProperty;
+  const has = Reflect.has;
   const isArray = Array.isArray;
   const toString = String;
   const indexOf = String.prototype.indexOf;
@@ -441,9 +442,11 @@ constexpr const char* kLocaleDatesPrelude = R"JS((function () {
       throw new TypeErrorCtor('locales must be a string or an array of strings');
     }
     const out = [];
+    let count = 0;
     for (let i = 0; i < given.length; i++) {
-      define(out, i, {__proto__: null, value: bare(given[i]), writable: true, enumerable: true,
-                      configurable: true});
+      if (!has(given, i)) continue;  // a hole, skipped as the native method skips it
+      define(out, count++, {__proto__: null, value: bare(given[i]), writable: true,
+                            enumerable: true, configurable: true});
     }
     return out;
   };

@@ -613,7 +613,11 @@ asio::awaitable<FetchResult> HttpClient::exchange(HttpRequest request, FetchLimi
   if (connectError) {
     // A socket that could not even be opened (no file descriptor left) comes back from the
     // range connect as "Operation canceled": say what it was.
-    if (auto local = socketOpenFailure(endpoints.front().protocol())) {
+    std::optional<std::string> local;
+    if (connectError == asio::error::operation_aborted) {
+      local = socketOpenFailure(endpoints.front().protocol());
+    }
+    if (local) {
       co_return FetchError{FetchErrc::connectFailed,
                            "Could not connect to " + destination.origin +
                                ": the daemon could not open a socket (" + *local +

@@ -291,20 +291,37 @@ int run(const daemon::Config& config, const daemon::CommandLine& commandLine) {
                server.socketPath().string(), config.stateDir.string(), runtime::v8Version(),
                facts.malloc);
 
-  // Not on this thread: its stack is whatever `ulimit -s` left it (see setThreadStacks).
+  // This thread is the first I/O thread (main() started it with a full stack).
   std::vector<std::thread> threads;
   try {
-    for (unsigned i = 0; i < config.ioThreads; ++i) threads.emplace_back([&io] { io.run(); });
+    for (unsigned i = 1; i < config.ioThreads; ++i) threads.emplace_back([&io] { io.run(); });
   } catch (const std::system_error&) {
     io.stop();
     for (auto& thread : threads) thread.join();
     throw;
   }
+  io.run();
   for (auto& thread : threads) thread.join();
   // After a forced stop, jobs may still be queued: they run now, while what they use is alive.
   disk.stop();
   lineageReads.stop();
   return 0;
+}
+
+int runReporting(const daemon::Config& config, const daemon::CommandLine& commandLine) {
+  try {
+    return run(config, commandLine);
+  } catch (const std::system_error& error) {
+    spdlog::critical("fatal: {}{}", error.what(),
+                     error.code() == std::errc::resource_unavailable_try_again
+                         ? " (a thread could not be started: the limit on processes and threads, "
+                           "ulimit -u or systemd's TasksMax=, may be too low)"
+                         : "");
+    return 1;
+  } catch (const std::exception& error) {
+    spdlog::critical("fatal: {}", error.what());
+    return 1;
+  }
 }
 
 }  // namespace
@@ -347,17 +364,14 @@ int main(int argc, char** argv) {
   }
   daemon::setupLogging(config->logLevel, config->logFormat);
   std::signal(SIGPIPE, SIG_IGN);
+  // The daemon runs on a thread of its own, with the stack setThreadStacks gave every thread:
+  // this one has what `ulimit -s` left it, and starting up compiles the methods' schemas.
+  int code = 1;
   try {
-    return run(*config, commandLine);
+    std::thread daemon([&] { code = runReporting(*config, commandLine); });
+    daemon.join();
   } catch (const std::system_error& error) {
-    spdlog::critical("fatal: {}{}", error.what(),
-                     error.code() == std::errc::resource_unavailable_try_again
-                         ? " (a thread could not be started: the limit on processes and threads, "
-                           "ulimit -u or systemd's TasksMax=, may be too low)"
-                         : "");
-    return 1;
-  } catch (const std::exception& error) {
-    spdlog::critical("fatal: {}", error.what());
-    return 1;
+    spdlog::critical("fatal: cannot start the daemon's thread: {}", error.what());
   }
+  return code;
 }

@@ -1205,9 +1205,9 @@ TEST_CASE("many revisions with calls waiting are believed, not taken for a broke
   auto spin = makeTool("export default () => { for (;;) {} }",
                        limits({{"wallMs", 60000}, {"cpuMs", 60000}}), {}, "spin");
   asio::io_context io;
-  std::optional<CallOutcome> spun;
+  std::atomic<bool> spun{false};
   asio::co_spawn(io, f.pool->call(spin, {}, {}),
-                 [&](std::exception_ptr, CallOutcome outcome) { spun = std::move(outcome); });
+                 [&](std::exception_ptr, CallOutcome) { spun = true; });
   std::thread caller([&] { io.run(); });
   StopAndJoin stopAndJoin{io, caller};
   REQUIRE(waitFor([&] { return !f.pool->list().empty() && f.pool->list().front().busy; }));
@@ -1233,6 +1233,8 @@ TEST_CASE("many revisions with calls waiting are believed, not taken for a broke
   CHECK(waitFor([&] { return ok + failed == kWaiting; }, milliseconds(60000)));
   CHECK(failed == 0);
   CHECK(f.pid() == pid);
+  // Every call answered before `io` goes: the pool holds work on its executor until then.
+  CHECK(waitFor([&] { return spun.load(); }));
   io.stop();
   caller.join();
 }

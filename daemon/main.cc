@@ -277,14 +277,16 @@ int run(const daemon::Config& config, const daemon::CommandLine& commandLine) {
 
   daemon::Server server(io, configs, dispatcher);
   facts.connectionCount = [&server] { return server.connectionCount(); };
+  // SIGTERM/SIGINT stop gracefully, SIGHUP reloads; READY=1, STATUS= and WATCHDOG=1 to systemd.
+  // Its signal handlers are in place before the socket listens: a client that sees the socket
+  // may signal the daemon at once, and SIGTERM's default action would kill it.
+  daemon::ServiceLifecycle lifecycle(io, server, configs, *systemd, commandLine);
   if (auto listening = systemd->listen(server, configs); !listening) {
     spdlog::critical("{}", listening.error().detail);
     return 1;
   }
   externalTools.setOwnSocket(server.socketPath());
 
-  // SIGTERM/SIGINT stop gracefully, SIGHUP reloads; READY=1, STATUS= and WATCHDOG=1 to systemd.
-  daemon::ServiceLifecycle lifecycle(io, server, configs, *systemd, commandLine);
   lifecycle.start();
   server.start();
   spdlog::info("toolhostd {} listening on {} (state in {}, V8 {}, malloc {})", facts.version,

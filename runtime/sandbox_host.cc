@@ -436,6 +436,9 @@ int runSandboxHost(int fd, int argc, char** argv) {
   // as the pool). The daemon's pid in the hello closes the race with a daemon that died before
   // this line: we would have been re-parented by then.
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  // It never executes anything: code that escaped V8 cannot gain privileges through a setuid
+  // or file-capability program either.
+  ::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
   std::signal(SIGPIPE, SIG_IGN);
   // A crash of V8 here is expected now and then (that is why this process exists): no core
   // files, which would be slow, large and hold tool data.

@@ -480,3 +480,18 @@ TEST_CASE("requests as deep as max_depth allows are served on a small `ulimit -s
   CHECK(client.call("ping").contains("result"));
   CHECK(daemon->running());
 }
+
+TEST_CASE("a sandbox host can gain no privileges", "[e2e][runtime]") {
+  auto daemon = DaemonProcess::start();
+  RawClient client(daemon->socket());
+  deploy(client, jsTool("fine", "export default async () => 'here'"));
+  CHECK(resultOf(call(client, "fine")) == "here");
+  auto hosts = childrenOf(daemon->pid());
+  REQUIRE(hosts.size() == 1);
+  std::ifstream status("/proc/" + std::to_string(hosts[0]) + "/status");
+  std::string line, noNewPrivs;
+  while (std::getline(status, line)) {
+    if (line.rfind("NoNewPrivs:", 0) == 0) noNewPrivs = line;
+  }
+  CHECK(noNewPrivs == "NoNewPrivs:\t1");
+}

@@ -33,6 +33,7 @@
 #include "runtime/process_sandbox_pool.h"
 #include "runtime/sandbox_host.h"
 #include "runtime/v8_platform.h"
+#include "runtime/worker_threads.h"
 #include "store/store.h"
 
 #include <fmt/format.h>
@@ -314,11 +315,7 @@ int runReporting(const daemon::Config& config, const daemon::CommandLine& comman
   try {
     return run(config, commandLine);
   } catch (const std::system_error& error) {
-    spdlog::critical("fatal: {}{}", error.what(),
-                     error.code() == std::errc::resource_unavailable_try_again
-                         ? " (a thread could not be started: the limit on processes and threads, "
-                           "ulimit -u or systemd's TasksMax=, may be too low)"
-                         : "");
+    spdlog::critical("fatal: {}{}", error.what(), runtime::threadLimitHint(error.code()));
     return 1;
   } catch (const std::exception& error) {
     spdlog::critical("fatal: {}", error.what());

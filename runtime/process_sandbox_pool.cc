@@ -3,6 +3,7 @@
 #include "runtime/call_state.h"
 #include "runtime/message_channel.h"
 #include "runtime/sandbox_protocol.h"
+#include "runtime/worker_threads.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -105,10 +106,8 @@ CallOutcome failedOutcome(const registry::ToolRevisionPtr& tool, CallError error
 
 // What to say when a thread could not be started.
 std::runtime_error threadStartFailure(const char* what, const std::system_error& error) {
-  return std::runtime_error(std::string("could not start a thread for ") + what + " (" +
-                            error.what() +
-                            "): the limit on processes and threads is too low (ulimit -u, "
-                            "systemd's TasksMax=)");
+  return std::runtime_error(std::string("could not start a thread for ") + what + ": " +
+                            error.what() + threadLimitHint(error.code()));
 }
 
 // An io_context run by `count` threads, as asio::thread_pool, except when a thread cannot be

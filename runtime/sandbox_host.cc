@@ -5,6 +5,7 @@
 #include "runtime/sandbox_pool.h"
 #include "runtime/sandbox_protocol.h"
 #include "runtime/v8_platform.h"
+#include "runtime/worker_threads.h"
 
 #include <fcntl.h>
 #include <spdlog/sinks/stdout_sinks.h>
@@ -204,10 +205,7 @@ class HostSide {
     } catch (const std::system_error& e) {
       // Not the message's fault: the host could not do what it asked (start its V8 threads).
       spdlog::critical("the sandbox host cannot go on: {}{}; exiting", e.what(),
-                       e.code() == std::errc::resource_unavailable_try_again
-                           ? " (a thread could not be started: the limit on processes and "
-                             "threads, ulimit -u or systemd's TasksMax=, is too low)"
-                           : "");
+                       threadLimitHint(e.code()));
       exitCode_ = 4;
       channel_->close("host failure");
     } catch (const std::exception& e) {

@@ -4,6 +4,12 @@
 
 namespace toolhost::runtime {
 
+std::string threadLimitHint(const std::error_code& error) {
+  if (error != std::errc::resource_unavailable_try_again) return "";
+  return " (a thread could not be started: the limit on processes and threads, ulimit -u or "
+         "systemd's TasksMax=, is too low)";
+}
+
 WorkerThreads::WorkerThreads(std::size_t stackBytes, std::function<void()> body)
     : stackBytes_(stackBytes), body_(std::move(body)) {}
 

@@ -6,9 +6,15 @@
 
 #include <cstddef>
 #include <functional>
+#include <string>
+#include <system_error>
 #include <vector>
 
 namespace toolhost::runtime {
+
+// Words to add to an error about a thread that could not be started: when `error` says the
+// process or thread limit was reached, which limit to raise; else nothing.
+std::string threadLimitHint(const std::error_code& error);
 
 class WorkerThreads {
  public:

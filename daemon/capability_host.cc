@@ -201,8 +201,8 @@ asio::awaitable<void> runFetch(FetchJob job) {
   // not only the ones this request carried: a value sent earlier to a server that keeps it (a
   // note, a paste) would otherwise come back whole in a later response.
   if (job.services.secrets != nullptr) {
-    for (auto& value :
-         job.services.secrets->valuesFor(job.key.toolRevision, job.request.destination.origin)) {
+    for (auto& value : job.services.secrets->valuesFor(
+             job.key.toolRevision, job.request.destination.origin, secrets->names)) {
       secrets->values.push_back(std::move(value));
     }
   }

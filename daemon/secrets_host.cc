@@ -249,19 +249,23 @@ boost::system::result<SecretsHost::Use, HostOpFailure> SecretsHost::use(
 }
 
 std::vector<policy::SecretValue> SecretsHost::valuesFor(const std::string& revision,
-                                                        const std::string& origin) {
+                                                        const std::string& origin,
+                                                        const std::vector<std::string>& skip) {
   std::vector<policy::SecretValue> values;
   auto found = registry_.getRevision(revision);
   if (!found) return values;
   const registry::ToolRevision& tool = **found;
+  auto grantedHere = [&origin](const policy::SecretRecord& record) {
+    return std::find(record.origins.begin(), record.origins.end(), origin) != record.origins.end();
+  };
   for (const auto& name : requestedSecrets(tool.manifest)) {
+    if (std::find(skip.begin(), skip.end(), name) != skip.end()) continue;
     auto resolved = resolve(tool.name, tool.revision, name);
-    if (!resolved || !*resolved) continue;
+    // Decrypted only when granted here (and judged again on the grant stored with the value).
+    if (!resolved || !*resolved || !grantedHere((*resolved)->record)) continue;
     const auto& record = (*resolved)->record;
     auto revealed = vault_.reveal(record.tool, record.revision, record.name);
-    if (!revealed || !*revealed) continue;
-    const auto& origins = (*revealed)->record.origins;
-    if (std::find(origins.begin(), origins.end(), origin) == origins.end()) continue;
+    if (!revealed || !*revealed || !grantedHere((*revealed)->record)) continue;
     values.push_back(std::move((*revealed)->value));
   }
   return values;

@@ -89,8 +89,9 @@ class SecretsHost {
   // Never a secret not granted to `origin` (its value was never sent there, and redacting it
   // would let any echoing server tell a tool whether a guess is right). A secret that cannot be
   // read is left out (its use would fail anyway).
-  std::vector<policy::SecretValue> valuesFor(const std::string& revision,
-                                             const std::string& origin);
+  // Secrets named in `skip` (already substituted, so already redacted) are left out.
+  std::vector<policy::SecretValue> valuesFor(const std::string& revision, const std::string& origin,
+                                             const std::vector<std::string>& skip);
 
   // For tools.activate: the secrets `tool` requests, as {own, carried, missing} name lists (set
   // for this revision, resolvable through another revision's carry, not resolvable).

@@ -429,29 +429,20 @@ TEST_CASE("requests as deep as max_depth allows are served on a small `ulimit -s
   auto daemon = DaemonProcess::start(options);
   RawClient client(daemon->socket());
   deploy(client, jsTool("takes-anything", "export default (args) => Object.keys(args).length"));
-  // {"a":{"a":...1...}} nested `levels` deep.
-  auto nested = [](int levels) {
+  // `open` `levels` times, then `inner`, then `close` as many times.
+  auto nest = [](std::string_view open, int levels, std::string_view inner,
+                 std::string_view close) {
     std::string text;
-    for (int i = 0; i < levels; ++i) text += R"({"a":)";
-    text += "1";
-    text += std::string(static_cast<std::size_t>(levels), '}');
+    for (int i = 0; i < levels; ++i) text += open;
+    text += inner;
+    for (int i = 0; i < levels; ++i) text += close;
     return text;
   };
-  // A schema of array items nested `levels` deep (one JSON level each).
-  auto deepItems = [](int levels) {
-    std::string text;
-    for (int i = 0; i < levels; ++i) text += R"({"items":)";
-    text += "{}";
-    text += std::string(static_cast<std::size_t>(levels), '}');
-    return text;
-  };
-  // A schema of object properties nested `levels` deep (two JSON levels each).
-  auto deepSchema = [](int levels) {
-    std::string text;
-    for (int i = 0; i < levels; ++i) text += R"({"type":"object","properties":{"a":)";
-    text += "{}";
-    for (int i = 0; i < levels; ++i) text += "}}";
-    return text;
+  auto nested = [&](int levels) { return nest(R"({"a":)", levels, "1", "}"); };
+  // A schema of array items (one JSON level each), or of object properties (two each).
+  auto deepItems = [&](int levels) { return nest(R"({"items":)", levels, "{}", "}"); };
+  auto deepSchema = [&](int levels) {
+    return nest(R"({"type":"object","properties":{"a":)", levels, "{}", "}}");
   };
   const std::string lines[] = {
       R"({"jsonrpc":"2.0","id":1,"method":"ping","params":{"x":)" + nested(990) + "}}",

@@ -1,6 +1,7 @@
 #include "runtime/sandbox_host.h"
 
 #include "runtime/capability_host.h"
+#include "runtime/confinement.h"
 #include "runtime/message_channel.h"
 #include "runtime/sandbox_pool.h"
 #include "runtime/sandbox_protocol.h"
@@ -24,6 +25,7 @@
 #include <condition_variable>
 #include <csignal>
 #include <cstdlib>
+#include <ctime>
 #include <filesystem>
 #include <functional>
 #include <map>
@@ -185,11 +187,12 @@ class ForwardingHost final : public CapabilityHost {
 // The host's side of the socket. Everything here runs on the one thread running `io`.
 class HostSide {
  public:
-  HostSide(asio::io_context& io, int fd)
+  HostSide(asio::io_context& io, int fd, FileConfinement files)
       : io_(io),
         channel_(MessageChannel::create(io.get_executor(), fd, ipc::kMaxMessageBytes,
                                         ipc::kMaxDaemonMessageDepth)),
-        timer_(io) {}
+        timer_(io),
+        files_(std::move(files)) {}
 
   void start() {
     channel_->start([this](json::object message) { onMessage(std::move(message)); },
@@ -263,8 +266,23 @@ class HostSide {
     grace_ = std::chrono::milliseconds(std::max<std::int64_t>(config.killGraceMs, 1));
     poll_ = std::clamp<std::chrono::milliseconds>(grace_ / 4, std::chrono::milliseconds(10),
                                                   std::chrono::milliseconds(250));
-    host_ = std::make_unique<ForwardingHost>(channel_);
+    if (files_.enforced) {
+      spdlog::debug("confined: {}", files_.detail);
+    } else {
+      spdlog::info("{}", files_.detail);
+    }
     platform_ = std::make_unique<V8Platform>(0, config.jit);
+    // V8 has read what it reads as it starts; the C library reads the time zone once, now.
+    ::tzset();
+    try {
+      confineCalls(config.jit);
+    } catch (const std::runtime_error& e) {
+      spdlog::critical("the sandbox host cannot confine itself: {}; exiting", e.what());
+      exitCode_ = 5;
+      channel_->close("confinement failed");
+      return;
+    }
+    host_ = std::make_unique<ForwardingHost>(channel_);
     pool_ = std::make_unique<SandboxPool>(config, *host_);
     pool_->onLateChange([this] { asio::post(io_, [this] { sendSandboxes(); }); });
     spdlog::debug("serving the daemon with {} V8 worker threads", config.workers);
@@ -413,6 +431,7 @@ class HostSide {
   std::unique_ptr<ForwardingHost> host_;
   std::unique_ptr<V8Platform> platform_;
   std::unique_ptr<SandboxPool> pool_;
+  FileConfinement files_;
 
   std::map<std::string, registry::ToolRevisionPtr> tools_;  // by revision
   bool watching_ = false;
@@ -455,17 +474,26 @@ int runSandboxHost(int fd, int argc, char** argv) {
   spdlog::set_pattern("%Y-%m-%d %H:%M:%S.%e %-5l sandbox-host[%P]: %v");
   spdlog::flush_on(spdlog::level::trace);
 
+  // Before any thread starts, so that every thread is inside the Landlock domain.
+  FileConfinement files;
+  try {
+    files = confineFiles();
+  } catch (const std::runtime_error& e) {
+    spdlog::critical("the sandbox host cannot confine itself: {}; exiting", e.what());
+    spdlog::default_logger()->flush();
+    std::_Exit(5);
+  }
   int code = 0;
   // Its I/O runs on a thread of its own: this thread's stack is whatever `ulimit -s` left it, and
   // the daemon's messages nest as deep as its [limits] max_depth (toolhostd's main() sets every
   // other thread's stack).
   std::thread ioThread;
   try {
-    ioThread = std::thread([fd, &code] {
+    ioThread = std::thread([fd, &code, &files] {
       try {
         // Never destroyed (see below).
         auto* io = new asio::io_context(1);
-        auto* side = new HostSide(*io, fd);
+        auto* side = new HostSide(*io, fd, std::move(files));
         side->start();
         io->run();
         code = side->exitCode();

@@ -3,7 +3,10 @@
 #include <libplatform/libplatform.h>
 #include <v8.h>
 
+#include <sys/random.h>
+
 #include <atomic>
+#include <cerrno>
 #include <stdexcept>
 #include <string>
 
@@ -13,6 +16,22 @@ namespace {
 std::atomic<bool> gInitialized{false};
 std::atomic<v8::Platform*> gPlatform{nullptr};
 std::atomic<bool> gJit{false};
+
+// V8's seeds (Math.random, hash seeds) for every isolate, from the kernel. Without a source V8
+// opens /dev/urandom for each new isolate, which a sandbox host may no longer do once confined
+// (runtime/confinement.h).
+bool kernelEntropy(unsigned char* buffer, std::size_t length) {
+  while (length > 0) {
+    const ssize_t got = ::getrandom(buffer, length, 0);
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      return false;
+    }
+    buffer += got;
+    length -= static_cast<std::size_t>(got);
+  }
+  return true;
+}
 }  // namespace
 
 V8Platform::V8Platform(int workerThreads, bool jit) {
@@ -26,6 +45,7 @@ V8Platform::V8Platform(int workerThreads, bool jit) {
       "--no-expose-wasm --disallow-code-generation-from-strings --no-verify-snapshot-checksum";
   if (!jit) flags += " --jitless";
   v8::V8::SetFlagsFromString(flags.c_str(), flags.size());
+  v8::V8::SetEntropySource(kernelEntropy);
   platform_ = v8::platform::NewDefaultPlatform(workerThreads);
   v8::V8::InitializePlatform(platform_.get());
   v8::V8::Initialize();

@@ -781,7 +781,6 @@ TEST_CASE("the service's exposure score is no worse than the recorded one", "[sy
   CHECK_THAT(text, Catch::Contains("\nMemoryDenyWriteExecute=yes\n"));
 }
 
-#ifdef TOOLHOST_SECCOMP_RUN
 TEST_CASE(
     "the daemon and V8 run under the unit's SystemCallFilter, and MemoryDenyWriteExecute "
     "would break V8's JIT but not V8 --jitless",
@@ -886,11 +885,6 @@ TEST_CASE(
   CHECK(refused.status == 1);
   CHECK_THAT(refused.err, Catch::Contains("MemoryDenyWriteExecute=no"));
 }
-#else
-TEST_CASE("the daemon and V8's JIT run under the unit's SystemCallFilter", "[systemd][seccomp]") {
-  WARN("libseccomp-dev was missing when this was built (scripts/deps.sh installs it); skipped");
-}
-#endif
 
 TEST_CASE(
     "the .deb holds the binaries, units, sysusers snippet and config with the right modes, "

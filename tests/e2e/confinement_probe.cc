@@ -1,0 +1,179 @@
+// Test helper: confines itself as a sandbox host does (runtime/confinement.h), then acts as code
+// that escaped V8 would, and prints what each attempt got: "<what> ok" or "<what> denied <errno>".
+//
+//   confinement_probe files SECRET DIR   after confineFiles() only (Landlock)
+//   confinement_probe calls SECRET DIR   after confineFiles() and confineCalls(jit = false)
+//   confinement_probe int80              after both, a 32-bit system call (the filter kills it)
+//
+// SECRET is a file the probe must no longer read; DIR a directory it must no longer change, with
+// a file `keep` in it. The parent (the test) stands for the daemon.
+#include "runtime/confinement.h"
+
+#include <fcntl.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/ptrace.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <condition_variable>
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <thread>
+
+namespace {
+
+// Prints the outcome of an attempt that returns -1 with errno on failure.
+void report(const char* what, long rc) {
+  if (rc == -1) {
+    std::printf("%s denied %s\n", what, strerrorname_np(errno));
+  } else {
+    std::printf("%s ok\n", what);
+  }
+  std::fflush(stdout);
+}
+
+long readFile(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  char byte;
+  const long n = ::read(fd, &byte, 1);
+  ::close(fd);
+  return n < 0 ? -1 : 0;
+}
+
+long createFile(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+  if (fd < 0) return -1;
+  ::close(fd);
+  return 0;
+}
+
+// A thread started before the call filter: the filter must reach it too.
+class EarlyThread {
+ public:
+  EarlyThread() : thread_([this] { run(); }) {}
+  ~EarlyThread() { thread_.join(); }
+  // Runs `socket()` on the early thread, once, and returns what it got.
+  long trySocket() {
+    std::unique_lock lock(mutex_);
+    go_ = true;
+    wake_.notify_all();
+    wake_.wait(lock, [this] { return done_; });
+    return result_;
+  }
+
+ private:
+  void run() {
+    std::unique_lock lock(mutex_);
+    wake_.wait(lock, [this] { return go_; });
+    const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+    result_ = fd < 0 ? -1 : 0;
+    if (fd >= 0) ::close(fd);
+    done_ = true;
+    wake_.notify_all();
+  }
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  bool go_ = false;
+  bool done_ = false;
+  long result_ = 0;
+  std::thread thread_;
+};
+
+void filesystemAttempts(const std::string& secret, const std::string& dir) {
+  report("read-secret", readFile(secret));
+  report("read-usr", readFile("/usr/lib/os-release"));
+  report("read-own-proc", readFile("/proc/self/status"));
+  report("read-parent-proc", readFile("/proc/" + std::to_string(::getppid()) + "/status"));
+  report("create-file", createFile(dir + "/new"));
+  report("unlink-file", ::unlink((dir + "/keep").c_str()));
+  report("mkdir", ::mkdir((dir + "/sub").c_str(), 0700));
+}
+
+int files(const std::string& secret, const std::string& dir) {
+  const auto confined = toolhost::runtime::confineFiles();
+  std::printf("landlock %s\n", confined.enforced ? "enforced" : "unavailable");
+  filesystemAttempts(secret, dir);
+  return 0;
+}
+
+int calls(const std::string& secret, const std::string& dir) {
+  report("before-read-secret", readFile(secret));
+  const auto confined = toolhost::runtime::confineFiles();
+  std::printf("landlock %s\n", confined.enforced ? "enforced" : "unavailable");
+  EarlyThread early;
+  toolhost::runtime::confineCalls(false);
+  filesystemAttempts(secret, dir);
+  report("socket-unix", ::socket(AF_UNIX, SOCK_STREAM, 0));
+  report("socket-inet", ::socket(AF_INET, SOCK_STREAM, 0));
+  int pair[2];
+  report("socketpair", ::socketpair(AF_UNIX, SOCK_STREAM, 0, pair));
+  report("early-thread-socket", early.trySocket());
+  report("execve", [] {
+    char* const argv[] = {const_cast<char*>("/bin/true"), nullptr};
+    return static_cast<long>(::execve("/bin/true", argv, environ));
+  }());
+  report("fork", [] {
+    const pid_t child = ::fork();
+    if (child == 0) ::_exit(0);
+    if (child > 0) ::waitpid(child, nullptr, 0);
+    return static_cast<long>(child);
+  }());
+  report("thread", [] {
+    long ran = -1;
+    std::thread([&ran] { ran = 0; }).join();
+    return ran;
+  }());
+  report("kill-parent", ::kill(::getppid(), 0));
+  report("kill-group", ::kill(0, 0));
+  report("kill-self", ::kill(::getpid(), 0));
+  report("ptrace-parent", ::ptrace(PTRACE_ATTACH, ::getppid(), nullptr, nullptr));
+  char buffer[8];
+  iovec local{buffer, sizeof buffer};
+  iovec remote{buffer, sizeof buffer};
+  report("read-parent-memory", ::process_vm_readv(::getppid(), &local, 1, &remote, 1, 0));
+  report("unshare-user", ::unshare(CLONE_NEWUSER));
+  report("io-uring", ::syscall(SYS_io_uring_setup, 1, nullptr));
+  report("bpf", ::syscall(SYS_bpf, 0, nullptr, 0));
+  void* wx =
+      ::mmap(nullptr, 4096, PROT_READ | PROT_WRITE | PROT_EXEC, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  report("mmap-write-exec", wx == MAP_FAILED ? -1 : 0);
+  void* rw = ::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  report("mmap-read-write", rw == MAP_FAILED ? -1 : 0);
+  if (rw != MAP_FAILED) report("mprotect-exec", ::mprotect(rw, 4096, PROT_READ | PROT_EXEC));
+  unsigned char random[16];
+  report("getrandom", ::getrandom(random, sizeof random, 0));
+  return 0;
+}
+
+int int80() {
+  toolhost::runtime::confineFiles();
+  toolhost::runtime::confineCalls(false);
+  std::printf("confined\n");
+  std::fflush(stdout);
+  long rc = 20;  // getpid in the 32-bit table
+  asm volatile("int $0x80" : "+a"(rc) : : "memory");
+  std::printf("int80 returned %ld\n", rc);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "";
+  if (mode == "files" && argc == 4) return files(argv[2], argv[3]);
+  if (mode == "calls" && argc == 4) return calls(argv[2], argv[3]);
+  if (mode == "int80") return int80();
+  std::fprintf(stderr, "usage: confinement_probe files|calls SECRET DIR | int80\n");
+  return 2;
+}

@@ -1,0 +1,123 @@
+// What code that escaped V8 in a sandbox host could still do (runtime/confinement.h): the probe
+// confines itself as a host does and tries; and the daemon's hosts are confined.
+#include "tests/support/daemon_process.h"
+#include "tests/support/temp_dir.h"
+
+#include <catch2/catch.hpp>
+
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+
+using toolhost::testing::runProgram;
+using toolhost::testing::TempDir;
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string kProbe = TOOLHOST_CONFINEMENT_PROBE;
+
+// "<what> ok" / "<what> denied <errno name>" lines: what -> outcome.
+std::map<std::string, std::string> outcomes(const std::string& out) {
+  std::map<std::string, std::string> found;
+  std::istringstream lines(out);
+  for (std::string line; std::getline(lines, line);) {
+    const auto space = line.find(' ');
+    if (space != std::string::npos) found[line.substr(0, space)] = line.substr(space + 1);
+  }
+  return found;
+}
+
+struct Setup {
+  TempDir dir;
+  fs::path secret = dir.path() / "vault.key";
+  fs::path changeable = dir.path() / "dir";
+  Setup() {
+    std::ofstream(secret) << "the daemon's secret";
+    fs::create_directory(changeable);
+    std::ofstream(changeable / "keep") << "kept";
+  }
+  void checkUntouched() const {
+    CHECK(fs::exists(changeable / "keep"));
+    CHECK_FALSE(fs::exists(changeable / "new"));
+    CHECK_FALSE(fs::exists(changeable / "sub"));
+  }
+};
+
+}  // namespace
+
+TEST_CASE("a sandbox host under Landlock reads only what V8 needs and changes nothing",
+          "[e2e][confinement]") {
+  Setup setup;
+  auto run = runProgram({kProbe, "files", setup.secret.string(), setup.changeable.string()});
+  INFO(run.out << run.err);
+  REQUIRE(run.status == 0);
+  auto got = outcomes(run.out);
+  if (got["landlock"] != "enforced") {
+    WARN("this kernel has no Landlock: the call filter alone guards files (next test)");
+    return;
+  }
+  CHECK(got["read-secret"] == "denied EACCES");
+  CHECK(got["read-parent-proc"] == "denied EACCES");
+  CHECK(got["create-file"] == "denied EACCES");
+  CHECK(got["unlink-file"] == "denied EACCES");
+  CHECK(got["mkdir"] == "denied EACCES");
+  CHECK(got["read-usr"] == "ok");
+  CHECK(got["read-own-proc"] == "ok");
+  setup.checkUntouched();
+}
+
+TEST_CASE(
+    "a sandbox host under its call filter reaches no file, network, process or memory "
+    "outside itself",
+    "[e2e][confinement]") {
+  Setup setup;
+  auto run = runProgram({kProbe, "calls", setup.secret.string(), setup.changeable.string()});
+  INFO(run.out << run.err);
+  REQUIRE(run.status == 0);
+  auto got = outcomes(run.out);
+  CHECK(got["before-read-secret"] == "ok");
+  // Whatever Landlock says, the filter refuses every open.
+  for (const char* what : {"read-secret",
+                           "read-usr",
+                           "read-own-proc",
+                           "read-parent-proc",
+                           "create-file",
+                           "unlink-file",
+                           "mkdir",
+                           "socket-unix",
+                           "socket-inet",
+                           "socketpair",
+                           "early-thread-socket",
+                           "execve",
+                           "fork",
+                           "kill-parent",
+                           "kill-group",
+                           "ptrace-parent",
+                           "read-parent-memory",
+                           "unshare-user",
+                           "io-uring",
+                           "bpf",
+                           "mmap-write-exec",
+                           "mprotect-exec"}) {
+    INFO(what);
+    CHECK(got[what] == "denied EPERM");
+  }
+  // What a host needs goes on working.
+  for (const char* what : {"thread", "kill-self", "mmap-read-write", "getrandom"}) {
+    INFO(what);
+    CHECK(got[what] == "ok");
+  }
+  setup.checkUntouched();
+}
+
+TEST_CASE("a sandbox host's call filter kills a system call of another architecture",
+          "[e2e][confinement]") {
+  auto run = runProgram({kProbe, "int80"});
+  INFO(run.out << run.err);
+  CHECK(run.out == "confined\n");
+  CHECK(run.status == 128 + SIGSYS);
+}

@@ -25,6 +25,7 @@
 #include <cerrno>
 #include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <string>
@@ -171,9 +172,17 @@ int int80() {
 
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
-  if (mode == "files" && argc == 4) return files(argv[2], argv[3]);
-  if (mode == "calls" && argc == 4) return calls(argv[2], argv[3]);
-  if (mode == "int80") return int80();
-  std::fprintf(stderr, "usage: confinement_probe files|calls SECRET DIR | int80\n");
-  return 2;
+  int code = 2;
+  if (mode == "files" && argc == 4) {
+    code = files(argv[2], argv[3]);
+  } else if (mode == "calls" && argc == 4) {
+    code = calls(argv[2], argv[3]);
+  } else if (mode == "int80") {
+    code = int80();
+  } else {
+    std::fprintf(stderr, "usage: confinement_probe files|calls SECRET DIR | int80\n");
+  }
+  // _Exit, as a host ends: a sanitizer's leak check at exit would need ptrace and a process.
+  std::fflush(stdout);
+  std::_Exit(code);
 }

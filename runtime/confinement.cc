@@ -2,8 +2,10 @@
 
 #include <fcntl.h>
 #include <linux/landlock.h>
+#include <linux/sockios.h>
 #include <sched.h>
 #include <seccomp.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
@@ -70,29 +72,59 @@ std::runtime_error landlockFailure(const char* what) {
 
 // Refused outright (EPERM), whatever their arguments.
 constexpr const char* kRefused[] = {
-    // files: opened, made, changed or removed by name (fds the host holds stay usable)
+    // files: opened, made, changed or removed by name (fds the host holds stay usable), their
+    // extended attributes read, or watched
     "open", "openat", "openat2", "creat", "name_to_handle_at", "open_by_handle_at", "uselib",
     "mknod", "mknodat", "link", "linkat", "symlink", "symlinkat", "unlink", "unlinkat", "rename",
     "renameat", "renameat2", "mkdir", "mkdirat", "rmdir", "chmod", "fchmod", "fchmodat", "chown",
     "fchown", "lchown", "fchownat", "truncate", "utime", "utimes", "utimensat", "futimesat",
-    "setxattr", "lsetxattr", "fsetxattr", "removexattr", "lremovexattr", "fremovexattr",
+    "setxattr", "lsetxattr", "fsetxattr", "removexattr", "lremovexattr", "fremovexattr", "getxattr",
+    "lgetxattr", "fgetxattr", "listxattr", "llistxattr", "flistxattr", "inotify_init",
+    "inotify_init1", "inotify_add_watch", "fanotify_init", "fanotify_mark",
     // the network, and other local sockets than the one to the daemon
     "socket", "socketpair", "connect", "bind", "listen", "accept", "accept4",
     // programs and processes
     "execve", "execveat", "fork", "vfork", "tkill",
-    // other processes' memory and descriptors
+    // other processes: their memory, descriptors, pages, priorities
     "ptrace", "process_vm_readv", "process_vm_writev", "kcmp", "pidfd_open", "pidfd_getfd",
-    "pidfd_send_signal",
+    "pidfd_send_signal", "process_madvise", "process_mrelease", "move_pages", "migrate_pages",
+    "ioprio_set",
+    // System V and POSIX IPC objects, which other processes of the user share
+    "shmget", "shmat", "shmctl", "shmdt", "msgget", "msgsnd", "msgrcv", "msgctl", "semget", "semop",
+    "semtimedop", "semctl", "mq_open", "mq_unlink", "mq_timedsend", "mq_timedreceive", "mq_notify",
+    "mq_getsetattr",
     // namespaces and mounts
     "unshare", "setns", "mount", "umount2", "pivot_root", "chroot", "move_mount", "open_tree",
     "fsopen", "fsconfig", "fsmount", "fspick", "mount_setattr",
-    // kernel interfaces that exploits favour and a host never needs
+    // kernel interfaces that exploits favour and a host never needs; memory files (executable
+    // aliases of writable memory)
     "bpf", "perf_event_open", "userfaultfd", "io_uring_setup", "io_uring_enter",
-    "io_uring_register", "keyctl", "add_key", "request_key", "shmget", "shmat"};
+    "io_uring_register", "keyctl", "add_key", "request_key", "memfd_create", "memfd_secret"};
+
+// Calls that act on the caller when their first argument is 0 and on another process otherwise
+// (resource limits, scheduling): refused unless 0.
+constexpr const char* kSelfByZero[] = {"prlimit64", "sched_setscheduler", "sched_setparam",
+                                       "sched_setattr", "sched_setaffinity"};
 
 // Signals go to this process only: refused when the target (the first argument) is another.
 constexpr const char* kSignalsToSelfOnly[] = {"kill", "tgkill", "rt_sigqueueinfo",
                                               "rt_tgsigqueueinfo"};
+
+// fcntl commands that would have the kernel signal another process (F_SETOWN, F_SETOWN_EX,
+// F_SETSIG) or watch a directory or file (F_NOTIFY, F_SETLEASE).
+constexpr scmp_datum_t kRefusedFcntl[] = {F_SETOWN, F_SETOWN_EX, F_SETSIG, F_NOTIFY, F_SETLEASE};
+
+// ioctl requests on inherited descriptors: typing into a terminal (TIOCSTI, TIOCLINUX), taking
+// one or its foreground (TIOCSCTTY, TIOCSPGRP), and a socket's signal owner (FIOSETOWN,
+// SIOCSPGRP).
+constexpr scmp_datum_t kRefusedIoctl[] = {TIOCSTI,   TIOCLINUX, TIOCSCTTY,
+                                          TIOCSPGRP, FIOSETOWN, SIOCSPGRP};
+
+// The newest system call this filter knows (mseal, Linux 6.10; since 5.1 new calls have one
+// number on every architecture). Later ones fail with ENOSYS, as on a kernel without them: a
+// deny list cannot judge calls it has never seen.
+constexpr int kNewestKnownCall = 462;
+constexpr int kLastFutureCall = 511;
 
 struct FilterDeleter {
   void operator()(void* filter) const { seccomp_release(filter); }
@@ -184,11 +216,33 @@ void confineCalls(bool jit) {
   for (const char* name : kSignalsToSelfOnly) {
     check(seccomp_rule_add(f, refused, number(name), 1, SCMP_A0(SCMP_CMP_NE, self)), name);
   }
+  for (const char* name : kSelfByZero) {
+    check(seccomp_rule_add(f, refused, number(name), 1, SCMP_A0(SCMP_CMP_NE, 0)), name);
+  }
+  check(seccomp_rule_add(f, refused, SCMP_SYS(setpriority), 1, SCMP_A1(SCMP_CMP_NE, 0)),
+        "setpriority");
+  // Only the query: READ_IMPLIES_EXEC would make every readable mapping executable.
+  check(seccomp_rule_add(f, refused, SCMP_SYS(personality), 1, SCMP_A0(SCMP_CMP_NE, 0xffffffffULL)),
+        "personality");
+  // The kernel reads these commands as 32 bits: compared as 32 bits, so that set high bits do
+  // not slip past.
+  for (const scmp_datum_t command : kRefusedFcntl) {
+    check(seccomp_rule_add(f, refused, SCMP_SYS(fcntl), 1,
+                           SCMP_A1(SCMP_CMP_MASKED_EQ, 0xffffffffULL, command)),
+          "fcntl");
+  }
+  for (const scmp_datum_t request : kRefusedIoctl) {
+    check(seccomp_rule_add(f, refused, SCMP_SYS(ioctl), 1,
+                           SCMP_A1(SCMP_CMP_MASKED_EQ, 0xffffffffULL, request)),
+          "ioctl");
+  }
+  for (int call = kNewestKnownCall + 1; call <= kLastFutureCall; ++call) {
+    check(seccomp_rule_add(f, SCMP_ACT_ERRNO(ENOSYS), call, 0), "newer calls");
+  }
   if (!jit) {
-    const scmp_datum_t wx = PROT_WRITE | PROT_EXEC;
-    check(seccomp_rule_add(f, refused, SCMP_SYS(mmap), 1, SCMP_A2(SCMP_CMP_MASKED_EQ, wx, wx)),
-          "mmap");
-    for (const char* name : {"mprotect", "pkey_mprotect"}) {
+    // V8 --jitless maps no code after it has started: nothing may become executable, not even
+    // read-only (a memory file mapped twice would be code written through its other mapping).
+    for (const char* name : {"mmap", "mprotect", "pkey_mprotect"}) {
       check(seccomp_rule_add(f, refused, number(name), 1,
                              SCMP_A2(SCMP_CMP_MASKED_EQ, PROT_EXEC, PROT_EXEC)),
             name);

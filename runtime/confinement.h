@@ -25,13 +25,17 @@ FileConfinement confineFiles();
 
 // A seccomp filter on every thread of the process, applied once V8 is initialized (the files V8
 // and the C library read as they start have been read by then). Refused with EPERM from then on:
-// opening any file, every call that makes, changes or removes a file, sockets, executing,
-// processes (threads are allowed), signals to other processes, tracing or reading other
-// processes, namespaces and mounts, and the kernel interfaces exploits favour (bpf, io_uring,
-// userfaultfd, perf events, keyrings). Unless `jit`, also memory that is both writable and
-// executable, and making memory executable, as MemoryDenyWriteExecute= does: V8 --jitless never
-// needs either. Any other architecture's system calls kill the process. Throws
-// std::runtime_error when the filter cannot be built or loaded.
+// opening any file, every call that makes, changes, watches or reads the attributes of a file,
+// sockets, executing, processes (threads are allowed), acting on other processes (signals, also
+// through a descriptor's owner; tracing, reading their memory, their limits, priorities and
+// pages), System V and POSIX IPC, namespaces and mounts, typing into a terminal, memory files,
+// and the kernel interfaces exploits favour (bpf, io_uring, userfaultfd, perf events, keyrings).
+// Calls newer than the filter (Linux 6.10's) fail with ENOSYS. Unless `jit`, nothing may be
+// mapped or made executable, as V8 --jitless never needs to. Any other architecture's system
+// calls kill the process. What stays open: the host's own memory and threads, its inherited
+// descriptors (its socket to the daemon, stdin from /dev/null, stderr), and stat() and
+// readlink() of paths (whether a file exists, its size and times). Throws std::runtime_error
+// when the filter cannot be built or loaded.
 void confineCalls(bool jit);
 
 }  // namespace toolhost::runtime

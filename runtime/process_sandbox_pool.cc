@@ -772,9 +772,10 @@ void ProcessSandboxPool::Impl::spawn(const std::shared_ptr<Process>& process, in
     sigfillset(&all);
     posix_spawnattr_setsigmask(&attributes, &none);
     posix_spawnattr_setsigdefault(&attributes, &all);
-    posix_spawnattr_setpgroup(&attributes, 0);
-    posix_spawnattr_setflags(
-        &attributes, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETPGROUP);
+    // A session of its own, so no controlling terminal: with the daemon's terminal as its
+    // controlling one, a host could type into the user's shell (TIOCSTI on its stderr).
+    posix_spawnattr_setflags(&attributes,
+                             POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSID);
     std::vector<char*> argv;
     argv.push_back(const_cast<char*>(argv0.c_str()));
     for (const auto& argument : launch.arguments)

@@ -12,14 +12,20 @@
 #include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/inotify.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <sys/msg.h>
+#include <sys/personality.h>
 #include <sys/ptrace.h>
 #include <sys/random.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -113,6 +119,8 @@ int calls(const std::string& secret, const std::string& dir) {
   const auto confined = toolhost::runtime::confineFiles();
   std::printf("landlock %s\n", confined.enforced ? "enforced" : "unavailable");
   EarlyThread early;
+  int inherited[2];  // stands for the host's socket to the daemon
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, inherited) != 0) return 1;
   toolhost::runtime::confineCalls(false);
   filesystemAttempts(secret, dir);
   report("socket-unix", ::socket(AF_UNIX, SOCK_STREAM, 0));
@@ -152,6 +160,40 @@ int calls(const std::string& secret, const std::string& dir) {
   void* rw = ::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   report("mmap-read-write", rw == MAP_FAILED ? -1 : 0);
   if (rw != MAP_FAILED) report("mprotect-exec", ::mprotect(rw, 4096, PROT_READ | PROT_EXEC));
+  void* rx = ::mmap(nullptr, 4096, PROT_READ | PROT_EXEC, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  report("mmap-exec", rx == MAP_FAILED ? -1 : 0);
+  report("memfd", ::syscall(SYS_memfd_create, "code", 0));
+  report("personality-exec", ::personality(READ_IMPLIES_EXEC));
+  report("personality-query", ::personality(0xffffffff));
+  const pid_t parent = ::getppid();
+  rlimit limit{};
+  report("prlimit-parent", ::prlimit(parent, RLIMIT_NOFILE, nullptr, &limit));
+  report("prlimit-self", ::prlimit(0, RLIMIT_NOFILE, nullptr, &limit));
+  report("setpriority-parent", ::setpriority(PRIO_PROCESS, static_cast<id_t>(parent), 19));
+  report("setpriority-self", ::setpriority(PRIO_PROCESS, 0, 1));
+  cpu_set_t cpus;
+  CPU_ZERO(&cpus);
+  CPU_SET(0, &cpus);
+  report("setaffinity-parent", ::sched_setaffinity(parent, sizeof cpus, &cpus));
+  report("fcntl-setown", ::fcntl(inherited[0], F_SETOWN, parent));
+  report("fcntl-setfl", ::fcntl(inherited[0], F_SETFL, O_NONBLOCK));
+  int owner = parent;
+  report("ioctl-fiosetown", ::ioctl(inherited[0], FIOSETOWN, &owner));
+  // TIOCSTI with bits above the 32 the kernel reads: refused all the same (a socket is no
+  // terminal, so unfiltered this would be ENOTTY).
+  char typed = 'x';
+  report("ioctl-tiocsti-high", ::syscall(SYS_ioctl, inherited[0], (1UL << 32) | TIOCSTI, &typed));
+  report("ioctl-fionread", [&] {
+    int pending = 0;
+    return static_cast<long>(::ioctl(inherited[0], FIONREAD, &pending));
+  }());
+  report("inotify", ::inotify_init1(IN_CLOEXEC));
+  char value[16];
+  report("getxattr", ::getxattr(secret.c_str(), "user.x", value, sizeof value));
+  report("msgget", ::msgget(IPC_PRIVATE, 0600));
+  // getxattrat (Linux 6.13), newer than the filter: as on a kernel without it.
+  report("newer-call", ::syscall(463, -1, nullptr, 0, nullptr, nullptr, 0));
+  report("send-inherited", ::send(inherited[0], "x", 1, MSG_DONTWAIT));
   unsigned char random[16];
   report("getrandom", ::getrandom(random, sizeof random, 0));
   return 0;

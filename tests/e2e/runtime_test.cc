@@ -497,6 +497,8 @@ TEST_CASE("a sandbox host can gain no privileges and runs under its call filter"
   REQUIRE(hosts.size() == 1);
   auto fields = statusOf(hosts[0]);
   CHECK(fields["NoNewPrivs"] == "\t1");
+  // A session of its own: no controlling terminal to type into.
+  CHECK(::getsid(hosts[0]) == hosts[0]);
   // Filter mode, with one filter more than the daemon (runtime/confinement.h; what the filter
   // refuses: confinement_test.cc).
   CHECK(fields["Seccomp"] == "\t2");

@@ -244,6 +244,7 @@ int run(const daemon::Config& config, const daemon::CommandLine& commandLine) {
         boost::json::array processes;
         for (const auto& slot : sandboxes.health()) {
           boost::json::object entry{{"pid", slot.pid}, {"recentUnexpectedEnds", slot.recentEnds}};
+          if (slot.landlockAbi) entry["landlockAbi"] = *slot.landlockAbi;
           if (slot.failingForMs > 0) {
             ok = false;
             entry["failingForMs"] = slot.failingForMs;

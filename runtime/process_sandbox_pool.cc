@@ -318,6 +318,8 @@ struct Process : std::enable_shared_from_this<Process> {
   std::unordered_map<std::string, std::list<std::string>::iterator> toolsSent;
   // The liveness ping: the one outstanding, if any, and when the next may go.
   std::optional<std::uint64_t> ping = 0;  // the startup ping is sent with the hello
+  // The Landlock ABI its pongs report it confined with, 0 for none; unset until the first.
+  std::optional<int> landlockAbi;
   Clock::time_point pingDeadline = Clock::now() + kStartupTimeout;
   Clock::time_point nextPing;
   std::uint64_t pingSeq = 0;
@@ -1121,6 +1123,10 @@ void ProcessSandboxPool::Impl::handle(const std::shared_ptr<Process>& process,
   } else if (type == "pong") {
     {
       std::lock_guard lock(process->mutex);
+      if (const auto* abi = message.if_contains("landlock"); abi && abi->is_int64()) {
+        process->landlockAbi =
+            static_cast<int>(std::clamp<std::int64_t>(abi->get_int64(), 0, 1000));
+      }
       if (process->ping != ipc::uintField(message, "seq")) return;
       process->ping.reset();
       process->nextPing = Clock::now() + grace;
@@ -1369,7 +1375,10 @@ std::vector<ProcessSandboxPool::SlotHealth> ProcessSandboxPool::health() const {
     SlotHealth health;
     if (slot.process) {
       std::lock_guard processLock(slot.process->mutex);
-      if (!slot.process->ended) health.pid = slot.process->pid;
+      if (!slot.process->ended) {
+        health.pid = slot.process->pid;
+        health.landlockAbi = slot.process->landlockAbi;
+      }
     }
     for (const auto& end : slot.ends) {
       if (now - end < window) ++health.recentEnds;

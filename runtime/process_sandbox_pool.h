@@ -55,6 +55,7 @@
 #include <boost/json/object.hpp>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -99,6 +100,9 @@ class ProcessSandboxPool final : public ToolRunner {
     int pid = 0;                    // 0 while none runs (never started, ended, or starting)
     std::size_t recentEnds = 0;     // unexpected ends within the restart window
     std::int64_t failingForMs = 0;  // > 0: calls for it fail fast (max_restarts) for this long
+    // The Landlock ABI the running process is confined with (0: the kernel has none, and its
+    // system call filter alone holds); unset until it has answered its first ping.
+    std::optional<int> landlockAbi;
     // Why the last start failed, while that is within the restart window and no start has
     // succeeded since.
     std::string startError;

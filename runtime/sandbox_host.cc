@@ -246,7 +246,9 @@ class HostSide {
     } else if (type == "forget") {
       tools_.erase(ipc::stringField(message, "revision"));
     } else if (type == "ping") {
-      channel_->send(json::object{{"t", "pong"}, {"seq", ipc::field(message, "seq")}});
+      channel_->send(json::object{{"t", "pong"},
+                                  {"seq", ipc::field(message, "seq")},
+                                  {"landlock", files_.enforced ? files_.abi : 0}});
     } else {
       throw ipc::ProtocolError("unknown message type \"" + type + "\"");
     }

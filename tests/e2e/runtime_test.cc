@@ -7,6 +7,9 @@
 #include "protocol/json_text.h"
 #include "protocol/jsonrpc.h"
 
+#include <linux/landlock.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #include <boost/json/parse.hpp>
 #include <catch2/catch.hpp>
 
@@ -504,4 +507,11 @@ TEST_CASE("a sandbox host can gain no privileges and runs under its call filter"
   CHECK(fields["Seccomp"] == "\t2");
   CHECK(std::stoi(fields["Seccomp_filters"]) ==
         std::stoi(statusOf(daemon->pid())["Seccomp_filters"]) + 1);
+  // daemon.health says whether Landlock holds too: the kernel's ABI, or 0 where it has none.
+  const long abi =
+      ::syscall(SYS_landlock_create_ruleset, nullptr, 0, LANDLOCK_CREATE_RULESET_VERSION);
+  auto health = client.call("daemon.health").at("result");
+  auto process = health.at("checks").at("runtime").at("processes").at(0);
+  CHECK(process.at("pid") == hosts[0]);
+  CHECK(process.at("landlockAbi") == std::max(abi, 0L));
 }

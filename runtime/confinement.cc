@@ -8,12 +8,14 @@
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <initializer_list>
 #include <memory>
@@ -76,11 +78,11 @@ constexpr const char* kRefused[] = {
     // extended attributes read, or watched
     "open", "openat", "openat2", "creat", "name_to_handle_at", "open_by_handle_at", "uselib",
     "mknod", "mknodat", "link", "linkat", "symlink", "symlinkat", "unlink", "unlinkat", "rename",
-    "renameat", "renameat2", "mkdir", "mkdirat", "rmdir", "chmod", "fchmod", "fchmodat", "chown",
-    "fchown", "lchown", "fchownat", "truncate", "utime", "utimes", "utimensat", "futimesat",
-    "setxattr", "lsetxattr", "fsetxattr", "removexattr", "lremovexattr", "fremovexattr", "getxattr",
-    "lgetxattr", "fgetxattr", "listxattr", "llistxattr", "flistxattr", "inotify_init",
-    "inotify_init1", "inotify_add_watch", "fanotify_init", "fanotify_mark",
+    "renameat", "renameat2", "mkdir", "mkdirat", "rmdir", "chmod", "fchmod", "fchmodat",
+    "fchmodat2", "chown", "fchown", "lchown", "fchownat", "truncate", "utime", "utimes",
+    "utimensat", "futimesat", "setxattr", "lsetxattr", "fsetxattr", "removexattr", "lremovexattr",
+    "fremovexattr", "getxattr", "lgetxattr", "fgetxattr", "listxattr", "llistxattr", "flistxattr",
+    "inotify_init", "inotify_init1", "inotify_add_watch", "fanotify_init", "fanotify_mark",
     // the network, and other local sockets than the one to the daemon
     "socket", "socketpair", "connect", "bind", "listen", "accept", "accept4",
     // programs and processes
@@ -120,9 +122,10 @@ constexpr scmp_datum_t kRefusedFcntl[] = {F_SETOWN, F_SETOWN_EX, F_SETSIG, F_NOT
 constexpr scmp_datum_t kRefusedIoctl[] = {TIOCSTI,   TIOCLINUX, TIOCSCTTY,
                                           TIOCSPGRP, FIOSETOWN, SIOCSPGRP};
 
-// The newest system call this filter knows (mseal, Linux 6.10; since 5.1 new calls have one
-// number on every architecture). Later ones fail with ENOSYS, as on a kernel without them: a
-// deny list cannot judge calls it has never seen.
+// The newest system call this filter was written against (mseal, Linux 6.10; since 5.1 new
+// calls have one number on every architecture). Later ones, and any libseccomp cannot name (so
+// that a rule by name above would have missed it), fail with ENOSYS, as on a kernel without
+// them: a deny list cannot judge calls it has never seen.
 constexpr int kNewestKnownCall = 462;
 constexpr int kLastFutureCall = 511;
 
@@ -219,6 +222,9 @@ void confineCalls(bool jit) {
   for (const char* name : kSelfByZero) {
     check(seccomp_rule_add(f, refused, number(name), 1, SCMP_A0(SCMP_CMP_NE, 0)), name);
   }
+  // setpriority(PRIO_PROCESS, 0, ...) only: a process group or a user is others too.
+  check(seccomp_rule_add(f, refused, SCMP_SYS(setpriority), 1, SCMP_A0(SCMP_CMP_NE, PRIO_PROCESS)),
+        "setpriority");
   check(seccomp_rule_add(f, refused, SCMP_SYS(setpriority), 1, SCMP_A1(SCMP_CMP_NE, 0)),
         "setpriority");
   // Only the query: READ_IMPLIES_EXEC would make every readable mapping executable.
@@ -236,8 +242,13 @@ void confineCalls(bool jit) {
                            SCMP_A1(SCMP_CMP_MASKED_EQ, 0xffffffffULL, request)),
           "ioctl");
   }
-  for (int call = kNewestKnownCall + 1; call <= kLastFutureCall; ++call) {
-    check(seccomp_rule_add(f, SCMP_ACT_ERRNO(ENOSYS), call, 0), "newer calls");
+  for (int call = 0; call <= kLastFutureCall; ++call) {
+    char* name = seccomp_syscall_resolve_num_arch(SCMP_ARCH_NATIVE, call);
+    const bool named = name != nullptr;
+    std::free(name);
+    if (call > kNewestKnownCall || !named) {
+      check(seccomp_rule_add(f, SCMP_ACT_ERRNO(ENOSYS), call, 0), "newer calls");
+    }
   }
   if (!jit) {
     // V8 --jitless maps no code after it has started: nothing may become executable, not even

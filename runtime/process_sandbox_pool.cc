@@ -12,19 +12,25 @@
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <boost/asio/as_tuple.hpp>
 #include <boost/asio/associated_cancellation_slot.hpp>
 #include <boost/asio/associated_executor.hpp>
 #include <boost/asio/async_result.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
 #include <boost/asio/dispatch.hpp>
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <boost/asio/strand.hpp>
 #include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/json/array.hpp>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -144,6 +150,100 @@ class ThreadPool {
   asio::io_context io_;
   asio::executor_work_guard<asio::io_context::executor_type> work_{io_.get_executor()};
   std::vector<std::thread> threads_;
+};
+
+// What a host writes to its stdout and stderr (its log lines, and what V8 or a sanitizer prints
+// as it aborts) comes through a pipe and is logged here. A host never holds the daemon's own
+// stderr: a terminal it could read from or reconfigure, a log file it could truncate, the
+// journal's socket it could shut down. Lines are cut, stripped of control characters and
+// rate-limited, so that a host taken over cannot flood or forge the daemon's log.
+class HostOutput : public std::enable_shared_from_this<HostOutput> {
+ public:
+  static constexpr std::size_t kMaxLineBytes = 4096;
+  static constexpr int kMaxLinesPerSecond = 200;
+
+  HostOutput(const asio::any_io_executor& executor, int fd, unsigned slot, pid_t pid)
+      : pipe_(asio::make_strand(executor), fd), slot_(slot), pid_(pid) {}
+
+  void start() { asio::co_spawn(pipe_.get_executor(), read(shared_from_this()), asio::detached); }
+
+ private:
+  asio::awaitable<void> read([[maybe_unused]] std::shared_ptr<HostOutput> self) {
+    std::string pending;
+    std::array<char, 16 * 1024> chunk;
+    bool skipping = false;  // the rest of a line already cut
+    for (;;) {
+      auto [error, n] =
+          co_await pipe_.async_read_some(asio::buffer(chunk), asio::as_tuple(asio::use_awaitable));
+      if (error) break;
+      pending.append(chunk.data(), n);
+      std::size_t start = 0;
+      for (std::size_t end; (end = pending.find('\n', start)) != std::string::npos;
+           start = end + 1) {
+        if (!skipping) line(std::string_view(pending).substr(start, end - start));
+        skipping = false;
+      }
+      pending.erase(0, start);
+      if (pending.size() > kMaxLineBytes) {
+        if (!skipping) line(pending);
+        skipping = true;
+        pending.clear();
+      }
+    }
+    if (!pending.empty() && !skipping) line(pending);
+    reportDropped();
+  }
+
+  void line(std::string_view text) {
+    const auto now = Clock::now();
+    if (now - windowStart_ >= std::chrono::seconds(1)) {
+      reportDropped();
+      windowStart_ = now;
+      inWindow_ = 0;
+    }
+    if (++inWindow_ > kMaxLinesPerSecond) {
+      ++dropped_;
+      return;
+    }
+    // A host's own lines start with their level's letter (its spdlog pattern); anything else
+    // (V8's fatal errors, a sanitizer's report) is worth a warning.
+    auto level = spdlog::level::warn;
+    if (text.size() >= 2 && text[1] == ' ') {
+      static constexpr std::pair<char, spdlog::level::level_enum> kLevels[] = {
+          {'T', spdlog::level::trace}, {'D', spdlog::level::debug}, {'I', spdlog::level::info},
+          {'W', spdlog::level::warn},  {'E', spdlog::level::err},   {'C', spdlog::level::critical}};
+      for (const auto& [letter, named] : kLevels) {
+        if (text[0] == letter) {
+          level = named;
+          text.remove_prefix(2);
+          break;
+        }
+      }
+    }
+    std::string shown(text.substr(0, kMaxLineBytes));
+    for (char& c : shown) {
+      const auto byte = static_cast<unsigned char>(c);
+      if ((byte < 0x20 && byte != '\t') || byte == 0x7f) c = '?';
+    }
+    if (text.size() > kMaxLineBytes) shown += "...(cut)";
+    spdlog::log(level, "sandbox process {} (slot {}): {}", pid_, slot_, shown);
+  }
+
+  void reportDropped() {
+    if (dropped_ == 0) return;
+    spdlog::warn(
+        "sandbox process {} (slot {}): {} more lines of its output within a second "
+        "were left out",
+        pid_, slot_, dropped_);
+    dropped_ = 0;
+  }
+
+  asio::posix::stream_descriptor pipe_;
+  const unsigned slot_;
+  const pid_t pid_;
+  Clock::time_point windowStart_{};
+  int inWindow_ = 0;
+  std::uint64_t dropped_ = 0;
 };
 
 // The one thread that starts and reaps host processes. PR_SET_PDEATHSIG in a host fires when the
@@ -759,15 +859,20 @@ void ProcessSandboxPool::Impl::spawn(const std::shared_ptr<Process>& process, in
   }
   std::string failure;
   pid_t pid = 0;
+  int output[2] = {-1, -1};  // the host's stdout and stderr, read by HostOutput
   if (childFd < 0) {
     failure = std::string("cannot move its socket: ") + std::strerror(errno);
+  } else if (::pipe2(output, O_CLOEXEC) != 0) {
+    failure = std::string("cannot make a pipe for its output: ") + std::strerror(errno);
+    ::close(childFd);
   } else {
     posix_spawn_file_actions_t actions;
     posix_spawnattr_t attributes;
     posix_spawn_file_actions_init(&actions);
     posix_spawnattr_init(&attributes);
     posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
-    posix_spawn_file_actions_adddup2(&actions, 2, 1);
+    posix_spawn_file_actions_adddup2(&actions, output[1], 1);
+    posix_spawn_file_actions_adddup2(&actions, output[1], 2);
     posix_spawn_file_actions_adddup2(&actions, childFd, 3);
     sigset_t none, all;
     sigemptyset(&none);
@@ -791,9 +896,19 @@ void ProcessSandboxPool::Impl::spawn(const std::shared_ptr<Process>& process, in
     posix_spawn_file_actions_destroy(&actions);
     posix_spawnattr_destroy(&attributes);
     ::close(childFd);
+    ::close(output[1]);
     if (error != 0) {
       failure = "cannot run " + launch.executable + ": " + std::strerror(error);
       pid = 0;
+      ::close(output[0]);
+    } else {
+      try {
+        std::make_shared<HostOutput>(executor, output[0], process->slot, pid)->start();
+      } catch (const std::exception& e) {
+        // Not worth failing the process for: what it prints is lost.
+        ::close(output[0]);
+        spdlog::error("runtime: sandbox process {}: cannot read its output: {}", pid, e.what());
+      }
     }
   }
   if (!failure.empty()) {

@@ -262,8 +262,6 @@ class HostSide {
       return;
     }
     const RuntimeConfig config = ipc::configFromJson(ipc::objectField(message, "config"));
-    spdlog::set_pattern("%Y-%m-%d %H:%M:%S.%e %-5l sandbox-host[%P] slot " +
-                        std::to_string(ipc::uintField(message, "slot")) + ": %v");
     spdlog::set_level(spdlog::level::from_str(ipc::stringField(message, "logLevel")));
     grace_ = std::chrono::milliseconds(std::max<std::int64_t>(config.killGraceMs, 1));
     poll_ = std::clamp<std::chrono::milliseconds>(grace_ / 4, std::chrono::milliseconds(10),
@@ -473,7 +471,9 @@ int runSandboxHost(int fd, int argc, char** argv) {
 
   auto logger = spdlog::stderr_logger_mt("sandbox-host");
   spdlog::set_default_logger(logger);
-  spdlog::set_pattern("%Y-%m-%d %H:%M:%S.%e %-5l sandbox-host[%P]: %v");
+  // The level's letter and the message: the daemon reads its stdout and stderr through a pipe
+  // and logs each line with its own time and format, naming the process (HostOutput).
+  spdlog::set_pattern("%L %v");
   spdlog::flush_on(spdlog::level::trace);
 
   // Before any thread starts, so that every thread is inside the Landlock domain.

@@ -514,4 +514,13 @@ TEST_CASE("a sandbox host can gain no privileges and runs under its call filter"
   auto process = health.at("checks").at("runtime").at("processes").at(0);
   CHECK(process.at("pid") == hosts[0]);
   CHECK(process.at("landlockAbi") == std::max(abi, 0L));
+  // Its stdout and stderr are a pipe the daemon reads and logs, never the daemon's own stderr.
+  for (const char* fd : {"1", "2"}) {
+    const auto target =
+        std::filesystem::read_symlink("/proc/" + std::to_string(hosts[0]) + "/fd/" + fd);
+    CHECK(target.string().rfind("pipe:", 0) == 0);
+  }
+  const std::string prefix = "sandbox process " + std::to_string(hosts[0]) + " (slot 0): ";
+  CHECK_THAT(daemon->log(), Catch::Contains(prefix + (abi > 0 ? "confined: Landlock ABI "
+                                                              : "Landlock is unavailable")));
 }

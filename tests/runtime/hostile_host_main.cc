@@ -21,6 +21,8 @@
 //   sandbox-flood       reports of retained sandboxes that do not exist, thousands at a time
 //   silent              nothing: calls and their cancels go unanswered (pings still are)
 //   result-keeps-op     an operation for the call, then the call's result without its abort
+//   noisy-output        on its stderr: a line with terminal escapes, 1000 lines at once, a line
+//                       of 10,000 bytes, a second later one more line; then the call's result
 #include <unistd.h>
 #include <boost/json.hpp>
 #include <csignal>
@@ -219,6 +221,15 @@ void answer(const std::string& scenario, Lines& lines, const json::object& call)
                       {"kind", "storage"},
                       {"request", json::object{{"op", "get"}, {"key", "k"}}},
                       {"invocation", json::object{}}});
+    send(result(id, revision, "done"));
+  } else if (scenario == "noisy-output") {
+    std::string out = "W \x1b[31mred\x07 and \x7f\n";
+    for (int i = 0; i < 1000; ++i) out += "W flood " + std::to_string(i) + "\n";
+    out += "E " + std::string(10000, 'x') + "\n";
+    (void)!::write(STDERR_FILENO, out.data(), out.size());
+    ::usleep(1100 * 1000);  // past the daemon's one-second window
+    const std::string after = "I after the flood\n";
+    (void)!::write(STDERR_FILENO, after.data(), after.size());
     send(result(id, revision, "done"));
   } else if (scenario == "forged-invocation") {
     send(json::object{{"t", "opStart"},

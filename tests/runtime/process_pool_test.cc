@@ -13,6 +13,8 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
 #include <sys/types.h>
 #include <unistd.h>
 #include <boost/asio/executor_work_guard.hpp>
@@ -1074,6 +1076,46 @@ TEST_CASE("a host's results for other calls, and repeated results, reach nobody"
   REQUIRE(second.result);
   CHECK(*second.result == "first");
   CHECK(f.pid() == pid);  // strays are ignored, not a reason to kill the host
+}
+
+TEST_CASE("what a host prints is logged by the daemon, cleaned, cut and rate-limited",
+          "[process][hostile]") {
+  auto captured = std::make_shared<std::ostringstream>();
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(*captured);
+  auto previous = spdlog::default_logger();
+  auto capture = std::make_shared<spdlog::logger>("capture", sink);
+  capture->set_level(spdlog::level::debug);
+  capture->set_pattern("%l %v");
+  spdlog::set_default_logger(capture);
+  struct Restore {
+    std::shared_ptr<spdlog::logger> logger;
+    ~Restore() { spdlog::set_default_logger(logger); }
+  } restore{previous};
+  std::string text;
+  {
+    ProcessFixture f(processConfig(), hostileLaunch("noisy-output"));
+    auto outcome = f.call(counterTool());
+    INFO(describe(outcome));
+    REQUIRE(outcome.result);
+    CHECK(*outcome.result == "done");
+    REQUIRE(waitFor([&] {
+      sink->flush();
+      return captured->str().find("after the flood") != std::string::npos;
+    }));
+    text = captured->str();
+  }
+  INFO(text.substr(0, 4000));
+  // Its own level, its pid and slot named; no terminal control reaches the daemon's log.
+  CHECK(text.find("warning sandbox process ") != std::string::npos);
+  CHECK(text.find("(slot 0): ?[31mred? and ?") != std::string::npos);
+  CHECK(text.find('\x1b') == std::string::npos);
+  CHECK(text.find("info sandbox process ") != std::string::npos);
+  // 1000 lines at once: the first 200 of the second, and a count of the rest.
+  std::size_t flood = 0;
+  for (std::size_t at = 0; (at = text.find("): flood ", at)) != std::string::npos; ++at) ++flood;
+  CHECK(flood < 1000);
+  CHECK(flood <= 200);
+  CHECK(text.find("more lines of its output within a second were left out") != std::string::npos);
 }
 
 TEST_CASE("a host cannot act for a call that is not in flight there", "[process][hostile]") {

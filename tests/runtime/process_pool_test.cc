@@ -13,19 +13,20 @@
 
 #include <fcntl.h>
 #include <signal.h>
-#include <spdlog/sinks/ostream_sink.h>
-#include <spdlog/spdlog.h>
 #include <sys/types.h>
 #include <unistd.h>
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/local/connect_pair.hpp>
 #include <boost/asio/local/stream_protocol.hpp>
 #include <boost/json/parse.hpp>
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
 
 #include <atomic>
 #include <condition_variable>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -109,6 +110,21 @@ std::string describeFds() {
            std::filesystem::read_symlink(entry.path(), error).string() + "\n";
   }
   return out;
+}
+
+// The CPU time a process has used, in clock ticks (utime + stime of /proc/PID/stat).
+long cpuTicks(int pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  const auto close = text.rfind(')');
+  if (close == std::string::npos) return 0;
+  std::istringstream fields(text.substr(close + 2));
+  std::string field;
+  long ticks = 0;
+  for (int i = 3; fields >> field && i <= 15; ++i) {
+    if (i >= 14) ticks += std::stol(field);
+  }
+  return ticks;
 }
 
 // This process's children: pid -> state letter ('Z' for a zombie nobody reaped).
@@ -1324,6 +1340,11 @@ TEST_CASE("a retained sandbox with a call running and others waiting is listed o
           return info.revision == tool->revision;
         }) == 1);
   CHECK(rows.size() == 1);
+  // The row is busy as soon as the calls are sent; the terminate below must find the spinning
+  // call running in the host (one still queued there would run in a fresh sandbox afterwards
+  // and spin to its wall limit): a tenth of a second of the host's CPU is that loop.
+  const long before = cpuTicks(f.pid());
+  REQUIRE(waitFor([&] { return cpuTicks(f.pid()) >= before + 10; }));
   CHECK(f.pool->terminate(tool->revision));
   CHECK(waitFor([&] { return ended == 2; }));
 }

@@ -52,7 +52,7 @@ std::string nonAsciiHint(std::string_view text, std::size_t at) {
 }
 
 // Marks the handler's own refusals so they can be told apart from Boost.JSON's syntax errors.
-enum class HandlerFailure { none, duplicateKey, numberOutOfRange };
+enum class HandlerFailure { none, duplicateKey, numberOutOfRange, tooManyValues };
 
 class StrictHandler {
  public:
@@ -69,11 +69,14 @@ class StrictHandler {
   // name the key in the error (parseJson's second pass, once the count says there is one).
   bool trackKeys = false;
   std::size_t keysSeen = 0;
+  std::size_t maxValues = SIZE_MAX;
+  std::size_t values = 0;
 
   bool on_document_begin(json::error_code&) { return true; }
   bool on_document_end(json::error_code&) { return true; }
 
-  bool on_object_begin(json::error_code&) {
+  bool on_object_begin(json::error_code& ec) {
+    if (!counted(ec)) return false;
     if (trackKeys) keys_.emplace_back();
     return true;
   }
@@ -92,7 +95,7 @@ class StrictHandler {
     stack.push_object(n);
     return true;
   }
-  bool on_array_begin(json::error_code&) { return true; }
+  bool on_array_begin(json::error_code& ec) { return counted(ec); }
   bool on_array_end(std::size_t n, json::error_code&) {
     stack.push_array(n);
     return true;
@@ -116,7 +119,8 @@ class StrictHandler {
     stack.push_chars(s);
     return true;
   }
-  bool on_string(json::string_view s, std::size_t, json::error_code&) {
+  bool on_string(json::string_view s, std::size_t, json::error_code& ec) {
+    if (!counted(ec)) return false;
     stack.push_string(s);
     return true;
   }
@@ -124,17 +128,20 @@ class StrictHandler {
     number_.append(s.data(), s.size());
     return true;
   }
-  bool on_int64(std::int64_t i, json::string_view, json::error_code&) {
+  bool on_int64(std::int64_t i, json::string_view, json::error_code& ec) {
+    if (!counted(ec)) return false;
     number_.clear();
     stack.push_int64(i);
     return true;
   }
-  bool on_uint64(std::uint64_t u, json::string_view, json::error_code&) {
+  bool on_uint64(std::uint64_t u, json::string_view, json::error_code& ec) {
+    if (!counted(ec)) return false;
     number_.clear();
     stack.push_uint64(u);
     return true;
   }
   bool on_double(double, json::string_view s, json::error_code& ec) {
+    if (!counted(ec)) return false;
     number_.append(s.data(), s.size());
     double exact = 0;
     auto result = std::from_chars(number_.data(), number_.data() + number_.size(), exact);
@@ -155,11 +162,13 @@ class StrictHandler {
     }
     return true;
   }
-  bool on_bool(bool b, json::error_code&) {
+  bool on_bool(bool b, json::error_code& ec) {
+    if (!counted(ec)) return false;
     stack.push_bool(b);
     return true;
   }
-  bool on_null(json::error_code&) {
+  bool on_null(json::error_code& ec) {
+    if (!counted(ec)) return false;
     stack.push_null();
     return true;
   }
@@ -167,6 +176,12 @@ class StrictHandler {
   bool on_comment(json::string_view, json::error_code&) { return true; }
 
  private:
+  // One more value: false (the parse stops) past maxValues.
+  bool counted(json::error_code& ec) {
+    if (++values <= maxValues) return true;
+    return fail(ec, HandlerFailure::tooManyValues,
+                "more than " + std::to_string(maxValues) + " JSON values");
+  }
   bool fail(json::error_code& ec, HandlerFailure failure_kind, std::string detail) {
     failure = failure_kind;
     failureDetail = std::move(detail);
@@ -244,11 +259,15 @@ boost::system::result<json::value, JsonParseError> parseWith(std::string_view te
   json::basic_parser<StrictHandler> parser(options);
   parser.handler().stack.reset();
   parser.handler().trackKeys = trackKeys;
+  parser.handler().maxValues = limits.maxValues;
   json::error_code ec;
   std::size_t used = parser.write_some(false, text.data(), text.size(), ec);
   const auto& handler = parser.handler();
   if (handler.failure == HandlerFailure::duplicateKey) {
     return JsonParseError{JsonParseError::Kind::duplicateKey, handler.failureDetail};
+  }
+  if (handler.failure == HandlerFailure::tooManyValues) {
+    return JsonParseError{JsonParseError::Kind::tooManyValues, handler.failureDetail};
   }
   if (handler.failure == HandlerFailure::numberOutOfRange) {
     return JsonParseError{JsonParseError::Kind::numberOutOfRange, handler.failureDetail};

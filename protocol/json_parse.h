@@ -7,6 +7,7 @@
 #include <boost/system/result.hpp>
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -14,14 +15,18 @@ namespace toolhost::protocol {
 
 struct JsonParseLimits {
   std::size_t maxDepth = 128;
+  // Values (objects, arrays, strings, numbers, booleans, nulls) in the whole text: a value costs
+  // tens of bytes parsed, a few bytes written ("0,"), so this bounds what a text may grow to.
+  std::size_t maxValues = SIZE_MAX;
 };
 
 struct JsonParseError {
   enum class Kind {
-    syntax,          // not JSON, or invalid UTF-8
-    tooDeep,         // nesting deeper than the limit
-    duplicateKey,    // an object names the same key twice
-    numberOutOfRange // a number that is not a finite double
+    syntax,            // not JSON, or invalid UTF-8
+    tooDeep,           // nesting deeper than the limit
+    duplicateKey,      // an object names the same key twice
+    numberOutOfRange,  // a number that is not a finite double
+    tooManyValues      // more values than the limit
   };
   Kind kind;
   std::string detail;

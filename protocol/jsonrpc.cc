@@ -74,6 +74,7 @@ boost::system::result<Incoming, RpcError> decodeMessage(std::string_view line,
     const auto& failure = parsed.error();
     switch (failure.kind) {
       case JsonParseError::Kind::tooDeep:
+      case JsonParseError::Kind::tooManyValues:
         return makeError(rpc_error::kInvalidRequest, "limit-exceeded", failure.detail);
       case JsonParseError::Kind::duplicateKey:
       case JsonParseError::Kind::numberOutOfRange:

@@ -135,6 +135,11 @@ class Walker {
   boost::system::result<json::value, ToJsonError> convert(v8::Local<v8::Value> value,
                                                           std::size_t depth) {
     if (killed()) return ToJsonError{ToJsonError::Kind::killed, "stopped"};
+    if (visited_ > options_.maxValues) {
+      return ToJsonError{ToJsonError::Kind::tooLarge,
+                         std::string(options_.what) + " has more than " +
+                             std::to_string(options_.maxValues) + " JSON values"};
+    }
     if (value->IsNull()) return emit(4, json::value(nullptr));
     if (value->IsTrue()) return emit(4, json::value(true));
     if (value->IsFalse()) return emit(5, json::value(false));

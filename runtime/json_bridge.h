@@ -17,9 +17,15 @@
 
 namespace toolhost::runtime {
 
+// Values in one converted value at most (a result, a stored value, drafts). Each costs the
+// daemon tens of bytes once parsed, however few bytes of JSON text it takes ("0,"): with
+// outputBytes alone, a result of 64 MiB of zeros would be a gigabyte in the daemon.
+inline constexpr std::size_t kMaxJsonValues = std::size_t{1} << 21;
+
 struct ToJsonOptions {
   std::size_t maxDepth = 128;
   std::size_t maxBytes = 2 * 1024 * 1024;  // of the compact JSON text
+  std::size_t maxValues = kMaxJsonValues;
   // Checked every few hundred values: a kill stops a walk over a huge value promptly (the walk
   // itself runs no JavaScript unless a getter does, so TerminateExecution alone would not).
   const std::atomic<int>* killed = nullptr;
@@ -29,7 +35,7 @@ struct ToJsonOptions {
 struct ToJsonError {
   enum class Kind {
     invalid,   // not JSON data; detail names the JSON pointer
-    tooLarge,  // the text would pass maxBytes
+    tooLarge,  // the text would pass maxBytes, or the values maxValues
     killed,    // the walk stopped because of a kill; the caller reports the kill
   };
   Kind kind;

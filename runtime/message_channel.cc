@@ -24,18 +24,21 @@ constexpr std::size_t kReadChunk = 64 * 1024;
 
 std::shared_ptr<MessageChannel> MessageChannel::create(const asio::any_io_executor& executor,
                                                        int fd, std::size_t maxMessageBytes,
-                                                       std::size_t maxDepth) {
+                                                       std::size_t maxDepth,
+                                                       std::size_t maxValues) {
   return std::shared_ptr<MessageChannel>(
-      new MessageChannel(executor, fd, maxMessageBytes, maxDepth));
+      new MessageChannel(executor, fd, maxMessageBytes, maxDepth, maxValues));
 }
 
 MessageChannel::MessageChannel(const asio::any_io_executor& executor, int fd,
-                               std::size_t maxMessageBytes, std::size_t maxDepth)
+                               std::size_t maxMessageBytes, std::size_t maxDepth,
+                               std::size_t maxValues)
     : strand_(asio::make_strand(executor)),
       socket_(strand_, asio::local::stream_protocol(), fd),
       fd_(fd),
       maxMessageBytes_(maxMessageBytes),
-      maxDepth_(maxDepth) {}
+      maxDepth_(maxDepth),
+      maxValues_(maxValues) {}
 
 MessageChannel::~MessageChannel() = default;
 
@@ -63,6 +66,7 @@ asio::awaitable<std::string> MessageChannel::readUntilClosed() {
   protocol::LineFramer framer(maxMessageBytes_);
   protocol::JsonParseLimits limits;
   limits.maxDepth = maxDepth_;
+  limits.maxValues = maxValues_;
   while (!finished_) {
     std::string_view line;
     const auto status = framer.next(line);

@@ -19,6 +19,7 @@
 #include <boost/json/object.hpp>
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -32,10 +33,13 @@ class MessageChannel : public std::enable_shared_from_this<MessageChannel> {
   using OnMessage = std::function<void(boost::json::object message)>;
   using OnClosed = std::function<void(const std::string& reason)>;
 
-  // Takes ownership of `fd`, a connected SOCK_STREAM Unix socket.
+  // Takes ownership of `fd`, a connected SOCK_STREAM Unix socket. A message longer than
+  // maxMessageBytes, nested deeper than maxDepth or with more than maxValues JSON values closes
+  // the channel.
   static std::shared_ptr<MessageChannel> create(const boost::asio::any_io_executor& executor,
                                                 int fd, std::size_t maxMessageBytes,
-                                                std::size_t maxDepth);
+                                                std::size_t maxDepth,
+                                                std::size_t maxValues = SIZE_MAX);
   ~MessageChannel();
   MessageChannel(const MessageChannel&) = delete;
   MessageChannel& operator=(const MessageChannel&) = delete;
@@ -52,7 +56,7 @@ class MessageChannel : public std::enable_shared_from_this<MessageChannel> {
 
  private:
   MessageChannel(const boost::asio::any_io_executor& executor, int fd, std::size_t maxMessageBytes,
-                 std::size_t maxDepth);
+                 std::size_t maxDepth, std::size_t maxValues);
   boost::asio::awaitable<void> readLoop();
   boost::asio::awaitable<std::string> readUntilClosed();  // why reading stopped
   void flush();                                           // strand
@@ -63,6 +67,7 @@ class MessageChannel : public std::enable_shared_from_this<MessageChannel> {
   const int fd_;  // socket_'s; written to directly by send(), under mutex_, until closed_
   const std::size_t maxMessageBytes_;
   const std::size_t maxDepth_;
+  const std::size_t maxValues_;
 
   // On the strand.
   OnMessage onMessage_;

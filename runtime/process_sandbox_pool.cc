@@ -808,7 +808,8 @@ std::shared_ptr<Process> ProcessSandboxPool::Impl::startLocked(unsigned slot) {
     throw std::system_error(errno, std::generic_category(), "socketpair for a sandbox process");
   }
   auto channel =
-      MessageChannel::create(executor, fds[0], ipc::kMaxMessageBytes, ipc::maxMessageDepth(config));
+      MessageChannel::create(executor, fds[0], ipc::maxMessageBytes(config),
+                             ipc::maxMessageDepth(config), ipc::maxMessageValues(config));
   auto process = std::make_shared<Process>(shared_from_this(), slot, channel);
   slots[slot].process = process;
   // The handlers hold the process weakly: the process holds the channel, and a channel whose

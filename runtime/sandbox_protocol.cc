@@ -1,5 +1,8 @@
 #include "runtime/sandbox_protocol.h"
 
+#include "runtime/call_state.h"
+#include "runtime/json_bridge.h"
+
 #include <algorithm>
 #include <array>
 #include <utility>
@@ -54,6 +57,19 @@ bool boolField(const json::object& json, std::string_view name) {
 
 std::size_t maxMessageDepth(const RuntimeConfig& config) {
   return std::max<std::size_t>(256, config.maxResultDepth + 16);
+}
+
+std::size_t maxMessageBytes(const RuntimeConfig& config) {
+  const auto output =
+      static_cast<std::size_t>(std::max<std::int64_t>(config.caps.outputBytes.value_or(0), 0));
+  const std::size_t largest = std::max(output, kMaxOutstandingRequestBytes);
+  return std::min(kMaxMessageBytes, 2 * largest + (std::size_t{16} << 20));
+}
+
+std::size_t maxMessageValues(const RuntimeConfig& config) {
+  // A row is a handful of values; a host reports at most maxRetained + its calls + 1024 of them
+  // before the daemon takes it for broken (process_sandbox_pool.cc).
+  return kMaxJsonValues + 16 * (config.maxRetained + 1024) + (std::size_t{1} << 20);
 }
 
 const json::value& field(const json::object& message, std::string_view name) {

@@ -89,6 +89,13 @@ inline constexpr std::size_t kMaxMessageBytes = std::size_t{256} * 1024 * 1024;
 // Nesting allowed in a message from a host: a result or drafts nested maxResultDepth deep, inside
 // the few levels of the message around it.
 std::size_t maxMessageDepth(const RuntimeConfig& config);
+// The longest message the daemon takes from a host: a result within the outputBytes cap, a
+// request within kMaxOutstandingRequestBytes (a body as base64), twice over for the escapes of
+// their strings, and room for the rest of the message; at most kMaxMessageBytes.
+std::size_t maxMessageBytes(const RuntimeConfig& config);
+// The JSON values the daemon takes in one message from a host: a converted value of at most
+// kMaxJsonValues (a result, a stored value, drafts), and the sandbox rows that may come with it.
+std::size_t maxMessageValues(const RuntimeConfig& config);
 // Nesting a host accepts from the daemon, which it trusts: arguments and manifests were bounded by
 // the daemon's own request parser.
 inline constexpr std::size_t kMaxDaemonMessageDepth = 4096;

@@ -247,6 +247,26 @@ TEST_CASE("invalid UTF-8 is refused", "[json_parse]") {
   CHECK(parsed(R"("\u0000")").as_string() == std::string_view("\0", 1));
 }
 
+TEST_CASE("more values than the limit are refused", "[json_parse]") {
+  toolhost::protocol::JsonParseLimits limits;
+  limits.maxValues = 4;  // the array and its three members
+  CHECK(parseJson("[0,0,0]", limits).has_value());
+  CHECK(parseJson(R"({"a":"x","b":null,"c":true})", limits).has_value());
+  for (const char* text : {"[0,0,0,0]", "[[],[],[],[]]", R"({"a":1,"b":2.5,"c":"x","d":false})",
+                           "[0,0,0,18446744073709551615]"}) {
+    INFO(text);
+    auto result = parseJson(text, limits);
+    REQUIRE_FALSE(result.has_value());
+    CHECK(result.error().kind == Kind::tooManyValues);
+    CHECK(result.error().detail == "more than 4 JSON values");
+  }
+  // Unbounded by default.
+  std::string many = "[0";
+  for (int i = 1; i < 100000; ++i) many += ",0";
+  many += "]";
+  CHECK(parseJson(many).has_value());
+}
+
 TEST_CASE("nesting deeper than the limit is refused", "[json_parse]") {
   for (std::size_t limit : {1, 2, 5, 128}) {
     INFO("limit " << limit);

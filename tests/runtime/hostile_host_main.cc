@@ -21,6 +21,8 @@
 //   sandbox-flood       reports of retained sandboxes that do not exist, thousands at a time
 //   silent              nothing: calls and their cancels go unanswered (pings still are)
 //   result-keeps-op     an operation for the call, then the call's result without its abort
+//   too-many-values     a result of 4 million zeros (8 MB)
+//   too-long            a result of a 200 MiB string
 //   noisy-output        on its stderr: a line with terminal escapes, 1000 lines at once, a line
 //                       of 10,000 bytes, a second later one more line; then the call's result
 #include <unistd.h>
@@ -130,6 +132,24 @@ void answer(const std::string& scenario, Lines& lines, const json::object& call)
     std::string deep = R"({"t":"result","id":)" + std::to_string(id) + R"(,"outcome":)";
     deep += std::string(100000, '[') + std::string(100000, ']') + "}\n";
     writeAll(deep);
+  } else if (scenario == "too-many-values" || scenario == "too-long") {
+    // A well-formed result whose value the daemon would take but for its bounds on what one
+    // message from a host may hold.
+    std::string text = json::serialize(result(id, revision, "VALUE"));
+    const auto at = text.find("\"VALUE\"");
+    writeAll(text.substr(0, at));
+    if (scenario == "too-many-values") {
+      std::string many = "[0";
+      for (int i = 1; i < 4000000; ++i) many += ",0";
+      writeAll(many + "]");
+    } else {
+      writeAll("\"");
+      const std::string chunk(1 << 20, 'x');
+      for (int i = 0; i < 200 && writeAll(chunk); ++i) {
+      }
+      writeAll("\"");
+    }
+    writeAll(text.substr(at + 7) + "\n");
   } else if (scenario == "idle-overflow") {
     // A row the daemon would subtract from its clock, overflowing it.
     auto message = result(id, revision, 1);

@@ -1058,7 +1058,8 @@ bool noZombies() {
 
 TEST_CASE("a host that breaks the protocol is killed, and only its call fails", "[process][hostile]") {
   for (const std::string scenario :
-       {"not-json", "wrong-type", "unknown-type", "too-deep", "sandbox-flood", "idle-overflow"}) {
+       {"not-json", "wrong-type", "unknown-type", "too-deep", "too-many-values", "too-long",
+        "sandbox-flood", "idle-overflow"}) {
     DYNAMIC_SECTION(scenario) {
       ProcessFixture f(processConfig(), hostileLaunch(scenario));
       auto tool = counterTool();

@@ -2,6 +2,7 @@
 // crashing, hanging or growing because of a tool; one call's state reaching another sandbox; a
 // late watchdog kill hitting the next call. Each runaway tool is ended by its limit and the
 // process (and the pool) keeps working afterwards.
+#include "runtime/json_bridge.h"
 #include "tests/runtime/runtime_test_support.h"
 
 #include <catch2/catch.hpp>
@@ -212,6 +213,16 @@ TEST_CASE("huge results are refused with outputTooLarge", "[safety]") {
     INFO(describe(fits) << " / " << describe(over));
     CHECK(fits.result);
     CHECK(errc(over) == CallErrc::outputTooLarge);
+  }
+  SECTION("values are bounded too, whatever outputBytes allows") {
+    // Zeros: two bytes of JSON each, tens of bytes each in the daemon once parsed.
+    auto tool = makeTool("export default (args) => new Array(args.n).fill(0)",
+                         limits({{"outputBytes", 64 * 1024 * 1024}}));
+    auto over = f.call(tool, {{"n", static_cast<std::int64_t>(kMaxJsonValues)}});
+    INFO(describe(over));
+    CHECK(errc(over) == CallErrc::outputTooLarge);
+    CHECK_THAT(over.result.error().detail,
+               Catch::Contains("more than " + std::to_string(kMaxJsonValues) + " JSON values"));
   }
   requireHealthy(f);
 }

@@ -13,11 +13,13 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <initializer_list>
+#include <iterator>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -116,11 +118,11 @@ constexpr const char* kSignalsToSelfOnly[] = {"kill", "tgkill", "rt_sigqueueinfo
 // F_SETSIG) or watch a directory or file (F_NOTIFY, F_SETLEASE).
 constexpr scmp_datum_t kRefusedFcntl[] = {F_SETOWN, F_SETOWN_EX, F_SETSIG, F_NOTIFY, F_SETLEASE};
 
-// ioctl requests on inherited descriptors: typing into a terminal (TIOCSTI, TIOCLINUX), taking
-// one or its foreground (TIOCSCTTY, TIOCSPGRP), and a socket's signal owner (FIOSETOWN,
-// SIOCSPGRP).
-constexpr scmp_datum_t kRefusedIoctl[] = {TIOCSTI,   TIOCLINUX, TIOCSCTTY,
-                                          TIOCSPGRP, FIOSETOWN, SIOCSPGRP};
+// ioctl requests a host may make: whether a descriptor is a terminal (TCGETS), bytes waiting
+// (FIONREAD), blocking (FIONBIO), close-on-exec (FIONCLEX, FIOCLEX). Any other is refused:
+// typing into or taking a terminal, a socket's signal owner, the network interfaces' names and
+// addresses (SIOCGIFCONF).
+constexpr scmp_datum_t kAllowedIoctl[] = {TCGETS, FIONREAD, FIONBIO, FIONCLEX, FIOCLEX};
 
 // The newest system call this filter was written against (mseal, Linux 6.10; since 5.1 new
 // calls have one number on every architecture). Later ones, and any libseccomp cannot name (so
@@ -237,10 +239,19 @@ void confineCalls(bool jit) {
                            SCMP_A1(SCMP_CMP_MASKED_EQ, 0xffffffffULL, command)),
           "fcntl");
   }
-  for (const scmp_datum_t request : kRefusedIoctl) {
-    check(seccomp_rule_add(f, refused, SCMP_SYS(ioctl), 1,
-                           SCMP_A1(SCMP_CMP_MASKED_EQ, 0xffffffffULL, request)),
-          "ioctl");
+  // Refused below the lowest allowed request, above the highest, and at every value between that
+  // is not allowed. Compared as 64 bits: a request with high bits set (the kernel reads 32) is
+  // above the highest.
+  const auto [lowest, highest] =
+      std::minmax_element(std::begin(kAllowedIoctl), std::end(kAllowedIoctl));
+  check(seccomp_rule_add(f, refused, SCMP_SYS(ioctl), 1, SCMP_A1(SCMP_CMP_LT, *lowest)), "ioctl");
+  check(seccomp_rule_add(f, refused, SCMP_SYS(ioctl), 1, SCMP_A1(SCMP_CMP_GT, *highest)), "ioctl");
+  for (scmp_datum_t request = *lowest + 1; request < *highest; ++request) {
+    if (std::find(std::begin(kAllowedIoctl), std::end(kAllowedIoctl), request) !=
+        std::end(kAllowedIoctl)) {
+      continue;
+    }
+    check(seccomp_rule_add(f, refused, SCMP_SYS(ioctl), 1, SCMP_A1(SCMP_CMP_EQ, request)), "ioctl");
   }
   for (int call = 0; call <= kLastFutureCall; ++call) {
     char* name = seccomp_syscall_resolve_num_arch(SCMP_ARCH_NATIVE, call);

@@ -28,7 +28,8 @@ FileConfinement confineFiles();
 // opening any file, every call that makes, changes, watches or reads the attributes of a file,
 // sockets, executing, processes (threads are allowed), acting on other processes (signals, also
 // through a descriptor's owner; tracing, reading their memory, their limits, priorities and
-// pages), System V and POSIX IPC, namespaces and mounts, typing into a terminal, memory files,
+// pages), System V and POSIX IPC, namespaces and mounts, every ioctl but five harmless ones
+// (no typing into a terminal, no listing the network's interfaces), memory files,
 // and the kernel interfaces exploits favour (bpf, io_uring, userfaultfd, perf events, keyrings).
 // Calls newer than the filter (Linux 6.10's) fail with ENOSYS. Unless `jit`, nothing may be
 // mapped or made executable, as V8 --jitless never needs to. Any other architecture's system

@@ -10,6 +10,7 @@
 #include "runtime/confinement.h"
 
 #include <fcntl.h>
+#include <net/if.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/inotify.h>
@@ -26,6 +27,7 @@
 #include <sys/uio.h>
 #include <sys/wait.h>
 #include <sys/xattr.h>
+#include <termios.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -185,6 +187,19 @@ int calls(const std::string& secret, const std::string& dir) {
   // terminal, so unfiltered this would be ENOTTY).
   char typed = 'x';
   report("ioctl-tiocsti-high", ::syscall(SYS_ioctl, inherited[0], (1UL << 32) | TIOCSTI, &typed));
+  report("ioctl-interfaces", [&] {
+    // The network's interfaces and addresses, through any socket.
+    char names[4096];
+    ifconf list{};
+    list.ifc_len = sizeof names;
+    list.ifc_buf = names;
+    return static_cast<long>(::ioctl(inherited[0], SIOCGIFCONF, &list));
+  }());
+  report("ioctl-tcgets", [&] {
+    termios mode{};
+    // A socket is no terminal: ENOTTY is the answer a host may get.
+    return ::ioctl(inherited[0], TCGETS, &mode) == -1 && errno == ENOTTY ? 0L : -1L;
+  }());
   report("ioctl-fionread", [&] {
     int pending = 0;
     return static_cast<long>(::ioctl(inherited[0], FIONREAD, &pending));

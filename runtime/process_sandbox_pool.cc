@@ -156,11 +156,15 @@ class ThreadPool {
 // as it aborts) comes through a pipe and is logged here. A host never holds the daemon's own
 // stderr: a terminal it could read from or reconfigure, a log file it could truncate, the
 // journal's socket it could shut down. Lines are cut, stripped of control characters and
-// rate-limited, so that a host taken over cannot flood or forge the daemon's log.
+// rate-limited, and the pipe read at a bounded rate, so that a host taken over can neither
+// flood nor forge the daemon's log, nor keep its I/O thread busy.
 class HostOutput : public std::enable_shared_from_this<HostOutput> {
  public:
   static constexpr std::size_t kMaxLineBytes = 4096;
   static constexpr int kMaxLinesPerSecond = 200;
+  // Past this in a second, the pipe is not read until the second is over (the host's writes
+  // wait): a host cannot keep the daemon's I/O thread busy scanning its output.
+  static constexpr std::size_t kMaxBytesPerSecond = std::size_t{1} << 20;
 
   HostOutput(const asio::any_io_executor& executor, int fd, unsigned slot, pid_t pid)
       : pipe_(asio::make_strand(executor), fd), slot_(slot), pid_(pid) {}
@@ -176,6 +180,8 @@ class HostOutput : public std::enable_shared_from_this<HostOutput> {
       auto [error, n] =
           co_await pipe_.async_read_some(asio::buffer(chunk), asio::as_tuple(asio::use_awaitable));
       if (error) break;
+      roll(Clock::now());
+      bytesInWindow_ += n;
       pending.append(chunk.data(), n);
       std::size_t start = 0;
       for (std::size_t end; (end = pending.find('\n', start)) != std::string::npos;
@@ -189,18 +195,26 @@ class HostOutput : public std::enable_shared_from_this<HostOutput> {
         skipping = true;
         pending.clear();
       }
+      if (bytesInWindow_ > kMaxBytesPerSecond) {
+        asio::steady_timer pause(pipe_.get_executor(), windowStart_ + std::chrono::seconds(1));
+        co_await pause.async_wait(asio::as_tuple(asio::use_awaitable));
+      }
     }
     if (!pending.empty() && !skipping) line(pending);
     reportDropped();
   }
 
+  // A new second: its budgets start again.
+  void roll(Clock::time_point now) {
+    if (now - windowStart_ < std::chrono::seconds(1)) return;
+    reportDropped();
+    windowStart_ = now;
+    inWindow_ = 0;
+    bytesInWindow_ = 0;
+  }
+
   void line(std::string_view text) {
-    const auto now = Clock::now();
-    if (now - windowStart_ >= std::chrono::seconds(1)) {
-      reportDropped();
-      windowStart_ = now;
-      inWindow_ = 0;
-    }
+    roll(Clock::now());
     if (++inWindow_ > kMaxLinesPerSecond) {
       ++dropped_;
       return;
@@ -243,6 +257,7 @@ class HostOutput : public std::enable_shared_from_this<HostOutput> {
   const pid_t pid_;
   Clock::time_point windowStart_{};
   int inWindow_ = 0;
+  std::size_t bytesInWindow_ = 0;
   std::uint64_t dropped_ = 0;
 };
 

@@ -23,6 +23,7 @@
 //   result-keeps-op     an operation for the call, then the call's result without its abort
 //   too-many-values     a result of 4 million zeros (8 MB)
 //   too-long            a result of a 200 MiB string
+//   output-flood        3 MiB on its stderr without a newline, then the call's result
 //   noisy-output        on its stderr: a line with terminal escapes, 1000 lines at once, a line
 //                       of 10,000 bytes, a second later one more line; then the call's result
 #include <unistd.h>
@@ -241,6 +242,10 @@ void answer(const std::string& scenario, Lines& lines, const json::object& call)
                       {"kind", "storage"},
                       {"request", json::object{{"op", "get"}, {"key", "k"}}},
                       {"invocation", json::object{}}});
+    send(result(id, revision, "done"));
+  } else if (scenario == "output-flood") {
+    const std::string chunk(64 * 1024, 'x');
+    for (int i = 0; i < 48; ++i) (void)!::write(STDERR_FILENO, chunk.data(), chunk.size());
     send(result(id, revision, "done"));
   } else if (scenario == "noisy-output") {
     std::string out = "W \x1b[31mred\x07 and \x7f\n";

@@ -1135,6 +1135,18 @@ TEST_CASE("what a host prints is logged by the daemon, cleaned, cut and rate-lim
   CHECK(text.find("more lines of its output within a second were left out") != std::string::npos);
 }
 
+TEST_CASE("a host's output is read at a bounded rate", "[process][hostile]") {
+  // 3 MiB at 1 MiB a second: the host's writes wait for the daemon, which reads the third MiB
+  // two seconds after the first at the soonest (a bound that load can only lengthen).
+  ProcessFixture f(processConfig(), hostileLaunch("output-flood"));
+  const auto started = Clock::now();
+  auto outcome = f.call(counterTool());
+  INFO(describe(outcome));
+  REQUIRE(outcome.result);
+  CHECK(*outcome.result == "done");
+  CHECK(millisSince(started) >= 1900);
+}
+
 TEST_CASE("a host cannot act for a call that is not in flight there", "[process][hostile]") {
   ProcessFixture f(processConfig(), hostileLaunch("borrowed-call"));
   auto outcome = f.call(makeTool("export default () => 1", kSubtasks));

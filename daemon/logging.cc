@@ -1,5 +1,6 @@
 #include "daemon/logging.h"
 
+#include "protocol/json_parse.h"
 #include "protocol/time_text.h"
 
 #include <spdlog/pattern_formatter.h>
@@ -39,10 +40,24 @@ class JsonFormatter final : public spdlog::formatter {
   static void append(spdlog::memory_buf_t& dest, std::string_view text) {
     dest.append(text.data(), text.data() + text.size());
   }
+  // Also keeps the line valid JSON when the text is not valid UTF-8 (a sandbox process's output,
+  // a line cut inside a character): each byte that starts no valid sequence becomes U+FFFD.
   static void escape(spdlog::memory_buf_t& dest, std::string_view text) {
     static constexpr char kHex[] = "0123456789abcdef";
-    for (char c : text) {
+    for (std::size_t i = 0; i < text.size();) {
+      const char c = text[i];
       auto u = static_cast<unsigned char>(c);
+      if (u >= 0x80) {
+        const std::size_t length = protocol::utf8SequenceAt(text, i);
+        if (length == 0) {
+          append(dest, "\\ufffd");
+          ++i;
+        } else {
+          dest.append(text.data() + i, text.data() + i + length);
+          i += length;
+        }
+        continue;
+      }
       if (c == '"' || c == '\\') {
         dest.push_back('\\');
         dest.push_back(c);
@@ -52,6 +67,7 @@ class JsonFormatter final : public spdlog::formatter {
       } else {
         dest.push_back(c);
       }
+      ++i;
     }
   }
 };
@@ -87,12 +103,14 @@ class EscapedPayload final : public spdlog::custom_flag_formatter {
 
 }  // namespace
 
+std::unique_ptr<spdlog::formatter> jsonLogFormatter() { return std::make_unique<JsonFormatter>(); }
+
 void setupLogging(const std::string& level, LogFormat format) {
   bool json = format == LogFormat::json || (format == LogFormat::automatic && !isatty(STDERR_FILENO));
   std::shared_ptr<spdlog::logger> logger;
   if (json) {
     logger = spdlog::stderr_logger_mt("toolhost");
-    logger->set_formatter(std::make_unique<JsonFormatter>());
+    logger->set_formatter(jsonLogFormatter());
   } else {
     logger = spdlog::stderr_color_mt("toolhost");
     auto formatter = std::make_unique<spdlog::pattern_formatter>();

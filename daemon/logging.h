@@ -4,11 +4,16 @@
 
 #include "daemon/config.h"
 
+#include <spdlog/formatter.h>
+
+#include <memory>
 #include <string>
 
 namespace toolhost::daemon {
 
 void setupLogging(const std::string& level, LogFormat format);
+// The formatter of the JSON log: one object per line, always valid JSON, whatever the text.
+std::unique_ptr<spdlog::formatter> jsonLogFormatter();
 void setLogLevel(const std::string& level);
 
 }  // namespace toolhost::daemon

@@ -11,12 +11,6 @@
 namespace toolhost::protocol {
 namespace json = boost::json;
 
-namespace {
-
-constexpr double kInt64Limit = 9223372036854775808.0;  // 2^63
-
-// The length of the UTF-8 sequence at text[at], or 0 when it is not valid UTF-8 (RFC 3629: no
-// overlong forms, no surrogates, nothing above U+10FFFF).
 std::size_t utf8SequenceAt(std::string_view text, std::size_t at) {
   auto byte = [&](std::size_t i) { return static_cast<unsigned char>(text[at + i]); };
   const unsigned char lead = byte(0);
@@ -41,6 +35,10 @@ std::size_t utf8SequenceAt(std::string_view text, std::size_t at) {
   }
   return length;
 }
+
+namespace {
+
+constexpr double kInt64Limit = 9223372036854775808.0;  // 2^63
 
 // Why a byte outside ASCII stopped the parser: JSON allows one only inside a string.
 std::string nonAsciiHint(std::string_view text, std::size_t at) {

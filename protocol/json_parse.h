@@ -13,6 +13,10 @@
 
 namespace toolhost::protocol {
 
+// The length of the valid UTF-8 sequence of two to four bytes at text[at], or 0 when there is
+// none there (RFC 3629: no overlong forms, no surrogates, nothing above U+10FFFF); `at` < size.
+std::size_t utf8SequenceAt(std::string_view text, std::size_t at);
+
 struct JsonParseLimits {
   std::size_t maxDepth = 128;
   // Values (objects, arrays, strings, numbers, booleans, nulls) in the whole text: a value costs

@@ -85,8 +85,8 @@ constexpr const char* kRefused[] = {
     "utimensat", "futimesat", "setxattr", "lsetxattr", "fsetxattr", "removexattr", "lremovexattr",
     "fremovexattr", "getxattr", "lgetxattr", "fgetxattr", "listxattr", "llistxattr", "flistxattr",
     "inotify_init", "inotify_init1", "inotify_add_watch", "fanotify_init", "fanotify_mark",
-    // the network, and other local sockets than the one to the daemon
-    "socket", "socketpair", "connect", "bind", "listen", "accept", "accept4",
+    // the network, and other local sockets or pipes than the ones to the daemon
+    "socket", "socketpair", "pipe", "pipe2", "connect", "bind", "listen", "accept", "accept4",
     // programs and processes
     "execve", "execveat", "fork", "vfork", "tkill",
     // other processes: their memory, descriptors, pages, priorities
@@ -115,8 +115,10 @@ constexpr const char* kSignalsToSelfOnly[] = {"kill", "tgkill", "rt_sigqueueinfo
                                               "rt_tgsigqueueinfo"};
 
 // fcntl commands that would have the kernel signal another process (F_SETOWN, F_SETOWN_EX,
-// F_SETSIG) or watch a directory or file (F_NOTIFY, F_SETLEASE).
-constexpr scmp_datum_t kRefusedFcntl[] = {F_SETOWN, F_SETOWN_EX, F_SETSIG, F_NOTIFY, F_SETLEASE};
+// F_SETSIG), watch a directory or file (F_NOTIFY, F_SETLEASE), or grow a pipe's buffer out of
+// the user's share (F_SETPIPE_SZ).
+constexpr scmp_datum_t kRefusedFcntl[] = {F_SETOWN, F_SETOWN_EX, F_SETSIG,
+                                          F_NOTIFY, F_SETLEASE,  F_SETPIPE_SZ};
 
 // ioctl requests a host may make: whether a descriptor is a terminal (TCGETS), bytes waiting
 // (FIONREAD), blocking (FIONBIO), close-on-exec (FIONCLEX, FIOCLEX). Any other is refused:
@@ -211,11 +213,10 @@ void confineCalls(bool jit) {
     if (call == __NR_SCMP_ERROR) continue;  // not a call of this architecture
     check(seccomp_rule_add(f, refused, call, 0), name);
   }
-  // Threads only: a clone without CLONE_THREAD would be a new process. clone3 passes its flags in
-  // memory the filter cannot read; ENOSYS makes the C library fall back to clone.
-  check(seccomp_rule_add(f, refused, SCMP_SYS(clone), 1,
-                         SCMP_A0(SCMP_CMP_MASKED_EQ, CLONE_THREAD, 0)),
-        "clone");
+  // No new processes, and no new threads either: the host has started all it needs, and
+  // threads without end would use up the user's processes (RLIMIT_NPROC, a unit's TasksMax=).
+  // clone3 gets ENOSYS, as on a kernel without it, so that the C library tries clone.
+  check(seccomp_rule_add(f, refused, SCMP_SYS(clone), 0), "clone");
   check(seccomp_rule_add(f, SCMP_ACT_ERRNO(ENOSYS), SCMP_SYS(clone3), 0), "clone3");
   const auto self = static_cast<scmp_datum_t>(::getpid());
   for (const char* name : kSignalsToSelfOnly) {

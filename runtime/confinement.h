@@ -23,18 +23,19 @@ struct FileConfinement {
 // Landlock gives `enforced` false; one that has it and refuses throws std::runtime_error.
 FileConfinement confineFiles();
 
-// A seccomp filter on every thread of the process, applied once V8 is initialized (the files V8
-// and the C library read as they start have been read by then). Refused with EPERM from then on:
-// opening any file, every call that makes, changes, watches or reads the attributes of a file,
-// sockets, executing, processes (threads are allowed), acting on other processes (signals, also
-// through a descriptor's owner; tracing, reading their memory, their limits, priorities and
-// pages), System V and POSIX IPC, namespaces and mounts, every ioctl but five harmless ones
-// (no typing into a terminal, no listing the network's interfaces), memory files,
-// and the kernel interfaces exploits favour (bpf, io_uring, userfaultfd, perf events, keyrings).
-// Calls newer than the filter (Linux 6.10's) fail with ENOSYS. Unless `jit`, nothing may be
-// mapped or made executable, as V8 --jitless never needs to. Any other architecture's system
-// calls kill the process. What stays open: the host's own memory and threads, its inherited
-// descriptors (its socket to the daemon, stdin from /dev/null, stderr), and stat() and
+// A seccomp filter on every thread of the process, applied once V8 is initialized and every
+// thread the host needs has started (the files V8 and the C library read as they start have
+// been read by then). Refused with EPERM from then on: opening any file, every call that makes,
+// changes, watches or reads the attributes of a file, sockets and pipes, executing, new
+// processes and threads, acting on other processes (signals, also through a descriptor's owner;
+// tracing, reading their memory, their limits, priorities and pages), System V and POSIX IPC,
+// namespaces and mounts, every ioctl but five harmless ones (no typing into a terminal, no
+// listing the network's interfaces), memory files, and the kernel interfaces exploits favour
+// (bpf, io_uring, userfaultfd, perf events, keyrings). Calls newer than the filter (Linux
+// 6.10's), or that libseccomp cannot name, fail with ENOSYS. Unless `jit`, nothing may be mapped
+// or made executable, as V8 --jitless never needs to. Any other architecture's system calls
+// kill the process. What stays open: the host's own memory and threads, its inherited
+// descriptors (its socket to the daemon, stdin from /dev/null, its output pipe), and stat() and
 // readlink() of paths (whether a file exists, its size and times). Throws std::runtime_error
 // when the filter cannot be built or loaded.
 void confineCalls(bool jit);

@@ -94,23 +94,36 @@ void MessageChannel::send(const json::object& message, bool batch) {
   std::string text;
   protocol::appendJson(text, message);
   text.push_back('\n');
-  std::lock_guard lock(mutex_);
-  if (closed_) return;
-  std::string_view rest = text;
-  if (!writing_ && !batch) {
-    // Nothing queued or being written: straight to the socket from this thread, which spares
-    // waking the strand's thread for the common small message. The strand's read on the same
-    // socket does not mind; finish() closes the socket only after setting closed_ under mutex_,
-    // so fd_ is still open here. What the socket does not take now goes the asynchronous way,
-    // which also reports an error.
-    const ssize_t sent = ::send(fd_, rest.data(), rest.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
-    if (sent == static_cast<ssize_t>(rest.size())) return;
-    if (sent > 0) rest.remove_prefix(static_cast<std::size_t>(sent));
+  {
+    std::lock_guard lock(mutex_);
+    if (closed_) return;
+    std::string_view rest = text;
+    if (!writing_ && !batch) {
+      // Nothing queued or being written: straight to the socket from this thread, which spares
+      // waking the strand's thread for the common small message. The strand's read on the same
+      // socket does not mind; finish() closes the socket only after setting closed_ under
+      // mutex_, so fd_ is still open here. What the socket does not take now goes the
+      // asynchronous way, which also reports an error.
+      const ssize_t sent = ::send(fd_, rest.data(), rest.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+      if (sent == static_cast<ssize_t>(rest.size())) return;
+      if (sent > 0) rest.remove_prefix(static_cast<std::size_t>(sent));
+    }
+    if (outgoing_.size() + rest.size() <= maxQueuedBytes_) {
+      outgoing_ += rest;
+      if (writing_) return;
+      writing_ = true;
+      asio::post(strand_, [self = shared_from_this()] { self->flush(); });
+      return;
+    }
   }
-  outgoing_ += rest;
-  if (writing_) return;
-  writing_ = true;
-  asio::post(strand_, [self = shared_from_this()] { self->flush(); });
+  // The other side reads nothing, or far too little: the channel ends rather than hold ever more.
+  close("more than " + std::to_string(maxQueuedBytes_ >> 20) +
+        " MiB wait to be read by the other side");
+}
+
+void MessageChannel::limitQueue(std::size_t bytes) {
+  std::lock_guard lock(mutex_);
+  maxQueuedBytes_ = bytes;
 }
 
 void MessageChannel::flush() {
@@ -121,6 +134,8 @@ void MessageChannel::flush() {
       return;
     }
     inflight_.clear();
+    // A burst's buffer is not kept once written (a host that read nothing for a while).
+    if (inflight_.capacity() > (std::size_t{1} << 20)) inflight_.shrink_to_fit();
     inflight_.swap(outgoing_);
   }
   asio::async_write(socket_, asio::buffer(inflight_),

@@ -51,6 +51,9 @@ class MessageChannel : public std::enable_shared_from_this<MessageChannel> {
   void send(const boost::json::object& message, bool batch = false);
   // Closes the socket; onClosed(reason) runs on the strand unless it already ran. Any thread.
   void close(std::string reason);
+  // A send that would leave more than `bytes` queued (not yet taken by the socket) closes the
+  // channel instead: the other side is not reading. Unlimited unless set.
+  void limitQueue(std::size_t bytes);
 
   const Strand& strand() const { return strand_; }
 
@@ -78,6 +81,7 @@ class MessageChannel : public std::enable_shared_from_this<MessageChannel> {
 
   std::mutex mutex_;
   std::string outgoing_;  // under mutex_: queued, not yet being written
+  std::size_t maxQueuedBytes_ = SIZE_MAX;  // under mutex_
   bool writing_ = false;  // under mutex_: a flush is scheduled or a write is in progress
   bool closed_ = false;   // under mutex_
 };

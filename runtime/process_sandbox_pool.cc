@@ -234,7 +234,12 @@ class HostOutput : public std::enable_shared_from_this<HostOutput> {
         }
       }
     }
-    std::string shown(text.substr(0, kMaxLineBytes));
+    std::size_t cut = std::min(text.size(), kMaxLineBytes);
+    // Not inside a character (continuation bytes are 10xxxxxx).
+    while (cut > 0 && cut < text.size() && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) {
+      --cut;
+    }
+    std::string shown(text.substr(0, cut));
     for (char& c : shown) {
       const auto byte = static_cast<unsigned char>(c);
       if ((byte < 0x20 && byte != '\t') || byte == 0x7f) c = '?';
@@ -333,6 +338,7 @@ struct PendingCall {
   // others of its sandbox only earns its host a liveness ping, which a live host answers.
   Clock::time_point sentAt;
   std::size_t ops = 0;        // operations of this call in Process::ops
+  bool opsRefused = false;    // one was refused for passing kMaxRunningOps (logged once)
   std::size_t pausedOps = 0;  // operations of this call holding its clock paused
   Clock::time_point pausedSince;
   Clock::duration pausedTotal{};
@@ -825,6 +831,7 @@ std::shared_ptr<Process> ProcessSandboxPool::Impl::startLocked(unsigned slot) {
   auto channel =
       MessageChannel::create(executor, fds[0], ipc::maxMessageBytes(config),
                              ipc::maxMessageDepth(config), ipc::maxMessageValues(config));
+  channel->limitQueue(ipc::kMaxQueuedToHostBytes);
   auto process = std::make_shared<Process>(shared_from_this(), slot, channel);
   slots[slot].process = process;
   // The handlers hold the process weakly: the process holds the channel, and a channel whose
@@ -1166,6 +1173,7 @@ void ProcessSandboxPool::Impl::handle(const std::shared_ptr<Process>& process,
     registry::ToolRevisionPtr tool;
     json::object invocation;
     bool refused = false;
+    bool warnRefusal = false;
     auto proxy = std::make_shared<OperationProxy>(process, op);
     {
       std::lock_guard lock(process->mutex);
@@ -1177,15 +1185,20 @@ void ProcessSandboxPool::Impl::handle(const std::shared_ptr<Process>& process,
       // The host keeps to kMaxRunningOps per call; one that does not is refused here.
       if (found->second.ops >= kMaxRunningOps) {
         refused = true;
+        // Said once per call: a host that keeps asking must not flood the log.
+        warnRefusal = !std::exchange(found->second.opsRefused, true);
       } else {
         process->ops.emplace(op, Process::Op{proxy, callId, false});
         ++found->second.ops;
       }
     }
     if (refused) {
-      spdlog::warn("runtime: sandbox process slot {} asked for more than {} operations for one call "
-                   "of {}; refused",
-                   process->slot, kMaxRunningOps, tool->name);
+      if (warnRefusal) {
+        spdlog::warn(
+            "runtime: sandbox process slot {} asked for more than {} operations for one "
+            "call of {}; refused (said once per call)",
+            process->slot, kMaxRunningOps, tool->name);
+      }
       json::object failure{{"code", "too-many-operations"}};
       failure["message"] = "the call already has " + std::to_string(kMaxRunningOps) +
                            " host requests outstanding";

@@ -44,6 +44,9 @@ namespace {
 // call's sandbox makes can name it. Removed before anything is forwarded.
 constexpr std::string_view kCallKey = "toolhost.sandboxHost.call";
 
+// Open descriptors a host may hold (RLIMIT_NOFILE).
+constexpr rlim_t kMaxDescriptors = 128;
+
 void closeInheritedFds(int keep) {
   auto closeRange = [](unsigned first, unsigned last) {
     if (first > last) return;
@@ -272,7 +275,11 @@ class HostSide {
       spdlog::info("{}", files_.detail);
     }
     platform_ = std::make_unique<V8Platform>(0, config.jit);
-    // V8 has read what it reads as it starts; the C library reads the time zone once, now.
+    host_ = std::make_unique<ForwardingHost>(channel_);
+    pool_ = std::make_unique<SandboxPool>(config, *host_);
+    // Every thread the host will have is running (V8's, the pool's workers and watchdog, this
+    // one): the filter refuses new ones. V8 has read what it reads as it starts; the C library
+    // reads the time zone once, now.
     ::tzset();
     try {
       confineCalls(config.jit);
@@ -282,8 +289,6 @@ class HostSide {
       channel_->close("confinement failed");
       return;
     }
-    host_ = std::make_unique<ForwardingHost>(channel_);
-    pool_ = std::make_unique<SandboxPool>(config, *host_);
     pool_->onLateChange([this] { asio::post(io_, [this] { sendSandboxes(); }); });
     spdlog::debug("serving the daemon with {} V8 worker threads", config.workers);
   }
@@ -462,6 +467,11 @@ int runSandboxHost(int fd, int argc, char** argv) {
   const rlimit noCore{0, 0};
   ::setrlimit(RLIMIT_CORE, &noCore);
   closeInheritedFds(fd);
+  // A host needs a dozen descriptors (its socket, stdio, its event loops). The kernel counts
+  // epoll watches and pipe buffers per user: with thousands of descriptors a host taken over
+  // could use up the user's share and leave the daemon unable to accept clients.
+  const rlimit descriptors{kMaxDescriptors, kMaxDescriptors};
+  ::setrlimit(RLIMIT_NOFILE, &descriptors);
   // The daemon and its hosts share a cgroup (toolhost.service's MemoryMax=): when it runs out,
   // the kernel must pick a host, never the daemon. Raising one's own score needs no privilege.
   if (const int adjust = ::open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC); adjust >= 0) {

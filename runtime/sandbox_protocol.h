@@ -93,6 +93,9 @@ std::size_t maxMessageDepth(const RuntimeConfig& config);
 // request within kMaxOutstandingRequestBytes (a body as base64), twice over for the escapes of
 // their strings, and room for the rest of the message; at most kMaxMessageBytes.
 std::size_t maxMessageBytes(const RuntimeConfig& config);
+// What the daemon queues for a host that has not read it yet, at most: room for the largest
+// message it sends (a fetch's response, as base64) twice over; past it the host is killed.
+inline constexpr std::size_t kMaxQueuedToHostBytes = std::size_t{512} << 20;
 // The JSON values the daemon takes in one message from a host: a converted value of at most
 // kMaxJsonValues (a result, a stored value, drafts), and the sandbox rows that may come with it.
 std::size_t maxMessageValues(const RuntimeConfig& config);

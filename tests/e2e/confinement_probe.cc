@@ -11,6 +11,7 @@
 
 #include <fcntl.h>
 #include <net/if.h>
+#include <pthread.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/inotify.h>
@@ -141,10 +142,21 @@ int calls(const std::string& secret, const std::string& dir) {
     return static_cast<long>(child);
   }());
   report("thread", [] {
-    long ran = -1;
-    std::thread([&ran] { ran = 0; }).join();
-    return ran;
+    pthread_t thread;
+    const int error = ::pthread_create(
+        &thread, nullptr, [](void*) -> void* { return nullptr; }, nullptr);
+    if (error != 0) {
+      errno = error;
+      return -1L;
+    }
+    ::pthread_join(thread, nullptr);
+    return 0L;
   }());
+  report("pipe", [] {
+    int ends[2];
+    return static_cast<long>(::pipe(ends));
+  }());
+  report("fcntl-setpipe-sz", ::fcntl(inherited[0], F_SETPIPE_SZ, 1 << 20));
   report("kill-parent", ::kill(::getppid(), 0));
   report("kill-group", ::kill(0, 0));
   report("kill-self", ::kill(::getpid(), 0));

@@ -502,6 +502,11 @@ TEST_CASE("a sandbox host can gain no privileges and runs under its call filter"
   CHECK(fields["NoNewPrivs"] == "\t1");
   // A session of its own: no controlling terminal to type into.
   CHECK(::getsid(hosts[0]) == hosts[0]);
+  // A few descriptors (each one an epoll watch or a pipe the user's share pays for).
+  std::ifstream limits("/proc/" + std::to_string(hosts[0]) + "/limits");
+  std::string limitsText((std::istreambuf_iterator<char>(limits)),
+                         std::istreambuf_iterator<char>());
+  CHECK_THAT(limitsText, Catch::Matches("[\\s\\S]*Max open files +128 +128 [\\s\\S]*"));
   // Filter mode, with one filter more than the daemon (runtime/confinement.h; what the filter
   // refuses: confinement_test.cc).
   CHECK(fields["Seccomp"] == "\t2");

@@ -11,6 +11,7 @@
 #include <condition_variable>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -130,4 +131,35 @@ TEST_CASE("messages sent after close are dropped", "[channel]") {
     REQUIRE(pair.changed.wait_for(lock, std::chrono::seconds(10), [&] { return pair.closed; }));
     CHECK(pair.received.size() == 1);
   }
+}
+
+TEST_CASE("a channel whose other side reads nothing ends at its queue's limit", "[channel]") {
+  int fds[2];
+  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) == 0);
+  asio::io_context io;
+  auto work = asio::make_work_guard(io);
+  auto channel = MessageChannel::create(io.get_executor(), fds[0], kMaxBytes, kMaxDepth);
+  channel->limitQueue(1 << 20);
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::optional<std::string> reason;
+  channel->start([](json::object) {},
+                 [&](const std::string& why) {
+                   std::lock_guard lock(mutex);
+                   reason = why;
+                   changed.notify_all();
+                 });
+  std::thread thread([&] { io.run(); });
+  // fds[1] is never read: the socket's buffer fills, then the queue, past 1 MiB.
+  const json::object message{{"t", "x"}, {"pad", std::string(64 * 1024, 'p')}};
+  for (int i = 0; i < 200; ++i) channel->send(message, i % 2 == 0);
+  {
+    std::unique_lock lock(mutex);
+    CHECK(changed.wait_for(lock, std::chrono::seconds(10), [&] { return reason.has_value(); }));
+  }
+  CHECK_THAT(reason.value_or(""), Catch::Contains("1 MiB wait to be read by the other side"));
+  work.reset();
+  io.stop();
+  thread.join();
+  ::close(fds[1]);
 }

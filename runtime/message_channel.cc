@@ -115,10 +115,15 @@ void MessageChannel::send(const json::object& message, bool batch) {
       asio::post(strand_, [self = shared_from_this()] { self->flush(); });
       return;
     }
+    // The other side reads nothing, or far too little: the channel ends rather than hold ever
+    // more. Posted, never run here: the caller may hold locks its close handler takes.
+    closed_ = true;
+    outgoing_.clear();
+    asio::post(strand_,
+               [self = shared_from_this(),
+                reason = "more than " + std::to_string(maxQueuedBytes_ >> 20) +
+                         " MiB wait to be read by the other side"] { self->finish(reason); });
   }
-  // The other side reads nothing, or far too little: the channel ends rather than hold ever more.
-  close("more than " + std::to_string(maxQueuedBytes_ >> 20) +
-        " MiB wait to be read by the other side");
 }
 
 void MessageChannel::limitQueue(std::size_t bytes) {

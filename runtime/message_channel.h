@@ -52,7 +52,8 @@ class MessageChannel : public std::enable_shared_from_this<MessageChannel> {
   // Closes the socket; onClosed(reason) runs on the strand unless it already ran. Any thread.
   void close(std::string reason);
   // A send that would leave more than `bytes` queued (not yet taken by the socket) closes the
-  // channel instead: the other side is not reading. Unlimited unless set.
+  // channel instead (onClosed runs later, on the strand, never inside send): the other side is
+  // not reading. Unlimited unless set.
   void limitQueue(std::size_t bytes);
 
   const Strand& strand() const { return strand_; }

@@ -150,9 +150,14 @@ TEST_CASE("a channel whose other side reads nothing ends at its queue's limit", 
                    changed.notify_all();
                  });
   std::thread thread([&] { io.run(); });
-  // fds[1] is never read: the socket's buffer fills, then the queue, past 1 MiB.
+  // fds[1] is never read: the socket's buffer fills, then the queue, past 1 MiB. Sent on the
+  // channel's strand, holding the lock its close handler takes, as the daemon's backstop and
+  // operations do: the close must not run inside send().
   const json::object message{{"t", "x"}, {"pad", std::string(64 * 1024, 'p')}};
-  for (int i = 0; i < 200; ++i) channel->send(message, i % 2 == 0);
+  asio::post(channel->strand(), [&] {
+    std::lock_guard lock(mutex);
+    for (int i = 0; i < 200; ++i) channel->send(message, i % 2 == 0);
+  });
   {
     std::unique_lock lock(mutex);
     CHECK(changed.wait_for(lock, std::chrono::seconds(10), [&] { return reason.has_value(); }));

@@ -99,6 +99,12 @@ class Walker {
                            std::to_string(options_.maxBytes) + " bytes of JSON"};
   }
 
+  ToJsonError tooManyValues() const {
+    return ToJsonError{ToJsonError::Kind::tooLarge, std::string(options_.what) + " has more than " +
+                                                        std::to_string(options_.maxValues) +
+                                                        " JSON values"};
+  }
+
   // A scalar of `bytes` bytes of JSON text, unless that passes the limit.
   boost::system::result<json::value, ToJsonError> emit(std::size_t bytes, json::value value) {
     if (!charge(bytes)) return tooLarge();
@@ -135,11 +141,7 @@ class Walker {
   boost::system::result<json::value, ToJsonError> convert(v8::Local<v8::Value> value,
                                                           std::size_t depth) {
     if (killed()) return ToJsonError{ToJsonError::Kind::killed, "stopped"};
-    if (visited_ > options_.maxValues) {
-      return ToJsonError{ToJsonError::Kind::tooLarge,
-                         std::string(options_.what) + " has more than " +
-                             std::to_string(options_.maxValues) + " JSON values"};
-    }
+    if (visited_ > options_.maxValues) return tooManyValues();
     if (value->IsNull()) return emit(4, json::value(nullptr));
     if (value->IsTrue()) return emit(4, json::value(true));
     if (value->IsFalse()) return emit(5, json::value(false));
@@ -241,6 +243,7 @@ class Walker {
       }
       if (!own || element->IsUndefined()) {  // a hole: never the prototype's element
         if (!charge(4)) return tooLarge();
+        if (++visited_ > options_.maxValues) return tooManyValues();  // a null all the same
         out.emplace_back(nullptr);
       } else {
         auto converted = convert(element, depth + 1);

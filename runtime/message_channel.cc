@@ -108,7 +108,8 @@ void MessageChannel::send(const json::object& message, bool batch) {
       if (sent == static_cast<ssize_t>(rest.size())) return;
       if (sent > 0) rest.remove_prefix(static_cast<std::size_t>(sent));
     }
-    if (outgoing_.size() + rest.size() <= maxQueuedBytes_) {
+    // What is being written counts too: it is held until the other side has read enough.
+    if (outgoing_.size() + inflight_.size() + rest.size() <= maxQueuedBytes_) {
       outgoing_ += rest;
       if (writing_) return;
       writing_ = true;

@@ -925,12 +925,21 @@ void ProcessSandboxPool::Impl::spawn(const std::shared_ptr<Process>& process, in
       pid = 0;
       ::close(output[0]);
     } else {
+      std::shared_ptr<HostOutput> reader;
       try {
-        std::make_shared<HostOutput>(executor, output[0], process->slot, pid)->start();
+        reader = std::make_shared<HostOutput>(executor, output[0], process->slot, pid);
       } catch (const std::exception& e) {
         // Not worth failing the process for: what it prints is lost.
         ::close(output[0]);
         spdlog::error("runtime: sandbox process {}: cannot read its output: {}", pid, e.what());
+      }
+      // The reader owns the descriptor from here, whatever start() does.
+      if (reader) {
+        try {
+          reader->start();
+        } catch (const std::exception& e) {
+          spdlog::error("runtime: sandbox process {}: cannot read its output: {}", pid, e.what());
+        }
       }
     }
   }

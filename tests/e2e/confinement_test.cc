@@ -47,15 +47,20 @@ struct Setup {
   }
 };
 
+// Runs the probe in `mode` against the setup's files; what it got, by attempt.
+std::map<std::string, std::string> probe(const char* mode, const Setup& setup) {
+  auto run = runProgram({kProbe, mode, setup.secret.string(), setup.changeable.string()});
+  INFO(run.out << run.err);
+  REQUIRE(run.status == 0);
+  return outcomes(run.out);
+}
+
 }  // namespace
 
 TEST_CASE("a sandbox host under Landlock reads only what V8 needs and changes nothing",
           "[e2e][confinement]") {
   Setup setup;
-  auto run = runProgram({kProbe, "files", setup.secret.string(), setup.changeable.string()});
-  INFO(run.out << run.err);
-  REQUIRE(run.status == 0);
-  auto got = outcomes(run.out);
+  auto got = probe("files", setup);
   if (got["landlock"] != "enforced") {
     WARN("this kernel has no Landlock: the call filter alone guards files (next test)");
     return;
@@ -75,10 +80,7 @@ TEST_CASE(
     "outside itself",
     "[e2e][confinement]") {
   Setup setup;
-  auto run = runProgram({kProbe, "calls", setup.secret.string(), setup.changeable.string()});
-  INFO(run.out << run.err);
-  REQUIRE(run.status == 0);
-  auto got = outcomes(run.out);
+  auto got = probe("calls", setup);
   CHECK(got["before-read-secret"] == "ok");
   // Whatever Landlock says, the filter refuses every open.
   const char* const refused[] = {"read-secret",

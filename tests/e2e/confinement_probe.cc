@@ -4,6 +4,8 @@
 //   confinement_probe files SECRET DIR   after confineFiles() only (Landlock)
 //   confinement_probe calls SECRET DIR   after confineFiles() and confineCalls(jit = false)
 //   confinement_probe int80              after both, a 32-bit system call (the filter kills it)
+//   confinement_probe int80-bare         the same call unconfined: whether this kernel has the
+//                                        32-bit entry at all (without it, int 0x80 faults)
 //
 // SECRET is a file the probe must no longer read; DIR a directory it must no longer change, with
 // a file `keep` in it. The parent (the test) stands for the daemon.
@@ -232,11 +234,13 @@ int calls(const std::string& secret, const std::string& dir) {
   return 0;
 }
 
-int int80() {
-  toolhost::runtime::confineFiles();
-  toolhost::runtime::confineCalls(false);
-  std::printf("confined\n");
-  std::fflush(stdout);
+int int80(bool confine) {
+  if (confine) {
+    toolhost::runtime::confineFiles();
+    toolhost::runtime::confineCalls(false);
+    std::printf("confined\n");
+    std::fflush(stdout);
+  }
   long rc = 20;  // getpid in the 32-bit table
   asm volatile("int $0x80" : "+a"(rc) : : "memory");
   std::printf("int80 returned %ld\n", rc);
@@ -252,10 +256,10 @@ int main(int argc, char** argv) {
     code = files(argv[2], argv[3]);
   } else if (mode == "calls" && argc == 4) {
     code = calls(argv[2], argv[3]);
-  } else if (mode == "int80") {
-    code = int80();
+  } else if (mode == "int80" || mode == "int80-bare") {
+    code = int80(mode == "int80");
   } else {
-    std::fprintf(stderr, "usage: confinement_probe files|calls SECRET DIR | int80\n");
+    std::fprintf(stderr, "usage: confinement_probe files|calls SECRET DIR | int80 | int80-bare\n");
   }
   // _Exit, as a host ends: a sanitizer's leak check at exit would need ptrace and a process.
   std::fflush(stdout);

@@ -146,5 +146,15 @@ TEST_CASE("a sandbox host's call filter kills a system call of another architect
   auto run = runProgram({kProbe, "int80"});
   INFO(run.out << run.err);
   CHECK(run.out == "confined\n");
-  CHECK(run.status == 128 + SIGSYS);
+  // Some kernels (a VM's, or one booted with ia32_emulation=0) have no 32-bit entry: int 0x80
+  // faults before any filter sees it, confined or not. The call must not run either way.
+  auto bare = runProgram({kProbe, "int80-bare"});
+  if (bare.status == 128 + SIGSEGV && bare.out.empty()) {
+    WARN("this kernel has no 32-bit system call entry; the filter's kill is not reached");
+    CHECK(run.status == 128 + SIGSEGV);
+  } else {
+    INFO(bare.out << bare.err);
+    REQUIRE(bare.out.rfind("int80 returned ", 0) == 0);
+    CHECK(run.status == 128 + SIGSYS);
+  }
 }

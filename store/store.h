@@ -10,8 +10,11 @@
 //  - A Store is neither copyable nor movable. It must outlive every call into it and every Table
 //    taken from it; destroy it only when no read() or write() is running.
 //  - read(), write() and stats() may be called from any thread, concurrently. Writes are
-//    serialized (one write transaction at a time); reads never wait for writes and see the state
-//    committed when they began.
+//    serialized (one write transaction at a time); reads never wait for writes and each sees one
+//    whole committed state: every write that returned before the read began, and none that began
+//    after. A write still committing may be seen or not, and two reads during its commit may
+//    disagree in either order (LMDB writes a commit's meta page before it publishes the commit's
+//    transaction id, and a reader picks the meta page by that id).
 //  - A transaction lives exactly as long as its callback, on the calling thread. The callback
 //    must not suspend (co_await), pass the ReadTxn/WriteTxn to another thread, or keep it. Keep
 //    callbacks short: a write blocks every other writer, and a long read pins old pages so the

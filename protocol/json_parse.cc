@@ -1,5 +1,7 @@
 #include "protocol/json_parse.h"
 
+#include <cctype>
+
 #include <boost/json/basic_parser_impl.hpp>
 #include <boost/json/value_stack.hpp>
 
@@ -47,6 +49,22 @@ std::string nonAsciiHint(std::string_view text, std::size_t at) {
     return " (a byte order mark: send JSON without one)";
   return " (a character outside ASCII where JSON allows only its own syntax: outside strings, "
          "JSON is ASCII)";
+}
+
+// Whether text[0, at) ends with an escape of a leading surrogate (\uD800 to \uDBFF) that is
+// not itself escaped: Boost.JSON then stops at `at`, where the trailing half's "\u" should be.
+bool afterLeadingSurrogate(std::string_view text, std::size_t at) {
+  if (at < 6) return false;
+  const std::string_view escape = text.substr(at - 6, 6);
+  auto hex = [](char c) { return std::isxdigit(static_cast<unsigned char>(c)) != 0; };
+  if (escape[0] != '\\' || escape[1] != 'u' || (escape[2] != 'd' && escape[2] != 'D') ||
+      std::string_view("89abAB").find(escape[3]) == std::string_view::npos || !hex(escape[4]) ||
+      !hex(escape[5])) {
+    return false;
+  }
+  std::size_t backslashes = 0;  // before the escape's own: an odd count escapes it
+  for (std::size_t i = at - 6; i > 0 && text[i - 1] == '\\'; --i) ++backslashes;
+  return backslashes % 2 == 0;
 }
 
 // Marks the handler's own refusals so they can be told apart from Boost.JSON's syntax errors.
@@ -286,6 +304,10 @@ boost::system::result<json::value, JsonParseError> parseWith(std::string_view te
     if (ec == json::error::syntax && used < text.size() &&
         static_cast<unsigned char>(text[used]) >= 0x80) {
       what += nonAsciiHint(text, used);
+    } else if (ec == json::error::syntax && afterLeadingSurrogate(text, used)) {
+      what +=
+          ": a lone leading surrogate (\\uD800 to \\uDBFF must be followed by \\uDC00 to "
+          "\\uDFFF)";
     } else if (ec != json::error::syntax) {
       what += ": " + ec.message();
     }

@@ -229,6 +229,18 @@ TEST_CASE("invalid UTF-8 is refused", "[json_parse]") {
   CHECK_THAT(refused("{\"a\":\xC3}").detail, Catch::Contains("invalid UTF-8"));
   CHECK_THAT(refused("{\"a\":\xED\xA0\x80}").detail, Catch::Contains("invalid UTF-8"));
 
+  // A surrogate escape without its other half: refused, and the message says why.
+  CHECK_THAT(refused(R"({"a":"\ud800"})").detail, Catch::Contains("lone leading surrogate"));
+  CHECK_THAT(refused(R"({"a":"x\uDBFFy"})").detail, Catch::Contains("lone leading surrogate"));
+  CHECK_THAT(refused(R"(["\ud800\u0041"])").detail, Catch::Contains("trailing surrogate"));
+  CHECK_THAT(refused(R"(["\udc00"])").detail, Catch::Contains("trailing surrogate"));
+  // After an escaped backslash, "ud800" is text: a control character right after it is the
+  // error, not a surrogate; after two escaped ones and a real escape, it is.
+  CHECK_THAT(refused(std::string(R"(["\\ud800)") + "\x01\"]").detail,
+             !Catch::Contains("surrogate"));
+  CHECK_THAT(refused(R"(["\\\\\ud800"])").detail, Catch::Contains("lone leading surrogate"));
+  CHECK(parsed(R"(["\ud83d\ude00"])").as_array()[0].as_string() == "\xF0\x9F\x98\x80");
+
   // The boundaries of every valid form.
   const char* const valid[] = {"\xC2\x80",         "\xDF\xBF",         "\xE0\xA0\x80",
                                "\xED\x9F\xBF",     "\xEE\x80\x80",     "\xEF\xBF\xBF",

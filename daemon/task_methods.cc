@@ -1,6 +1,7 @@
 #include "daemon/task_methods.h"
 
 #include "daemon/registry_errors.h"
+#include "protocol/content_hash.h"
 
 #include <spdlog/spdlog.h>
 #include <boost/json/parse.hpp>
@@ -43,6 +44,15 @@ MethodResult failure(const CallContext& context, std::string_view method,
 
 std::string idParam(const json::object& params) { return std::string(params.at("id").as_string()); }
 
+// params[key], when present, must have a task id's form (the schema checks only its length): a
+// malformed one is a mistake in the request, not a task that is missing.
+std::optional<MethodResult> malformedId(const json::object& params, std::string_view key) {
+  const auto* id = params.if_contains(key);
+  if (id == nullptr || protocol::isContentHash(id->as_string())) return std::nullopt;
+  return invalidParams("params/" + std::string(key) +
+                       ": not a task id (\"sha256:\" and 43 base64url characters)");
+}
+
 }  // namespace
 
 void registerTaskMethods(MethodTable& methods, registry::TaskStore& tasks, DiskThread& disk,
@@ -69,6 +79,7 @@ void registerTaskMethods(MethodTable& methods, registry::TaskStore& tasks, DiskT
           {"drafts"}),
       schema(R"({"type":"object","required":["tasks"],"properties":{"tasks":{"type":"array"}}})"),
       [&tasks, &reads](CallContext& context, json::object params) -> asio::awaitable<MethodResult> {
+        if (auto bad = malformedId(params, "parentId")) co_return std::move(*bad);
         std::optional<std::string> parentId;
         if (const auto* parent = params.if_contains("parentId"))
           parentId = std::string(parent->as_string());
@@ -109,6 +120,7 @@ void registerTaskMethods(MethodTable& methods, registry::TaskStore& tasks, DiskT
       "tasks.get", "One stored task with its id, re-hashed on read.", RoleSet{Role::agent},
       paramsWith(json::object{{"id", kTaskId}}, {"id"}), taskSchema,
       [&tasks, &reads](CallContext& context, json::object params) -> asio::awaitable<MethodResult> {
+        if (auto bad = malformedId(params, "id")) co_return std::move(*bad);
         const std::string id = idParam(params);
         auto task = co_await reads.run([&] { return tasks.get(id); });
         if (!task) co_return failure(context, "tasks.get", task.error());
@@ -120,6 +132,7 @@ void registerTaskMethods(MethodTable& methods, registry::TaskStore& tasks, DiskT
       RoleSet{Role::agent}, paramsWith(json::object{{"id", kTaskId}}, {"id"}),
       schema(R"({"type":"object","required":["tasks"],"properties":{"tasks":{"type":"array"}}})"),
       [&tasks, &reads](CallContext& context, json::object params) -> asio::awaitable<MethodResult> {
+        if (auto bad = malformedId(params, "id")) co_return std::move(*bad);
         const std::string id = idParam(params);
         auto lineage = co_await reads.run([&] { return tasks.lineage(id); });
         if (!lineage) co_return failure(context, "tasks.lineage", lineage.error());
@@ -134,6 +147,7 @@ void registerTaskMethods(MethodTable& methods, registry::TaskStore& tasks, DiskT
       RoleSet{Role::agent}, paramsWith(json::object{{"id", kTaskId}}, {"id"}),
       schema(R"({"type":"object","required":["tools"],"properties":{"tools":{"type":"array"}}})"),
       [&tasks, &reads](CallContext& context, json::object params) -> asio::awaitable<MethodResult> {
+        if (auto bad = malformedId(params, "id")) co_return std::move(*bad);
         const std::string id = idParam(params);
         auto tools = co_await reads.run([&] { return tasks.providerTools(id); });
         if (!tools) co_return failure(context, "tasks.providerTools", tools.error());
@@ -149,6 +163,7 @@ void registerTaskMethods(MethodTable& methods, registry::TaskStore& tasks, DiskT
       schema(
           R"({"type":"object","required":["messages"],"properties":{"messages":{"type":"array"}}})"),
       [&tasks, &reads](CallContext& context, json::object params) -> asio::awaitable<MethodResult> {
+        if (auto bad = malformedId(params, "id")) co_return std::move(*bad);
         const std::string id = idParam(params);
         auto messages = co_await reads.run([&] { return tasks.messages(id); });
         if (!messages) co_return failure(context, "tasks.messages", messages.error());

@@ -158,6 +158,16 @@ TEST_CASE("tasks: compile, commit, get, lineage, providerTools and messages", "[
   CHECK(tasks[4].at("call").at("toolRevision") == tasks[2].at("id"));
   // Compile wrote nothing.
   CHECK(errorCode(client.call("tasks.get", json::object{{"id", tasks[0].at("id")}})) == -32001);
+  // An id of the right length but not of a task id's form is a malformed request, not a miss.
+  const std::string malformed = "sha256:" + std::string(43, '!');
+  for (const char* method :
+       {"tasks.get", "tasks.lineage", "tasks.messages", "tasks.providerTools"}) {
+    INFO(method);
+    CHECK(errorCode(client.call(method, json::object{{"id", malformed}})) == -32602);
+  }
+  CHECK(errorCode(client.call("tasks.compile",
+                              json::object{{"drafts", json::array{message("user", "hi")}},
+                                           {"parentId", malformed}})) == -32602);
 
   auto committed = resultOf(client.call("tasks.commit", json::object{{"tasks", tasks}}));
   CHECK(committed.at("created") == 5);

@@ -113,7 +113,7 @@ int run(const daemon::Config& config, const daemon::CommandLine& commandLine) {
   // A state directory another user controls would let them plant the database and the secrets
   // key, or read them. Directories made here are private; one that exists keeps its mode (it may
   // be shared, such as /var/lib): what the daemon keeps in it is private anyway (db/ is 0700,
-  // its files 0600).
+  // its files 0600; the store refuses a db/ or file in it that another user made or may write).
   if (auto made = protocol::makeTrustedDirectories(config.stateDir, 0700); !made) {
     spdlog::critical("refusing the state directory {}: {}", config.stateDir.string(), made.error());
     return 1;

@@ -23,6 +23,9 @@ namespace {
 constexpr std::string_view kSchemaVersionKey = "schema_version";
 constexpr const char* kLockFileName = "toolhost.lock";
 constexpr const char* kDatabaseDirName = "db";
+// Written once the database has held a schema version: from then on, a database that is missing
+// or empty was lost (deleted, truncated to nothing), not yet to be made.
+constexpr const char* kCreatedFileName = "db.created";
 
 // The write callback running on this thread, per Store, to turn a same-thread nested write (a
 // certain deadlock on LMDB's writer mutex) into a clear std::logic_error.
@@ -142,6 +145,65 @@ std::optional<OpenError> ensureDirectory(const std::filesystem::path& dir) {
   return std::nullopt;
 }
 
+// `path` (whose lstat or fstat is `st`) must be what the store made: a directory or regular
+// file (not a link), belonging to this process's user (or root), which neither its group nor
+// others may write. A state directory shared with others (sticky, as /tmp) lets them make
+// entries before the daemon does: a db/ of their own, with a database and reader table of their
+// choosing.
+std::optional<OpenError> checkMadeHere(const std::filesystem::path& path, const struct stat& st,
+                                       bool directory) {
+  const char* const kind = directory ? "a directory" : "a regular file";
+  if (directory ? !S_ISDIR(st.st_mode) : !S_ISREG(st.st_mode)) {
+    return openError(StoreErrc::permissionDenied,
+                     fmt::format("{} is not {} (a link or another kind of file); the state "
+                                 "database uses only what it made itself",
+                                 path.string(), kind));
+  }
+  if (st.st_uid != ::geteuid() && st.st_uid != 0) {
+    return openError(
+        StoreErrc::permissionDenied,
+        fmt::format("{} belongs to uid {}, not to this process's user (uid {}) or "
+                    "root: another user may have made it; remove it if it is not yours",
+                    path.string(), st.st_uid, ::geteuid()));
+  }
+  if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
+    return openError(StoreErrc::permissionDenied,
+                     fmt::format("{} may be written by its group or by others (mode {:04o}); the "
+                                 "state database keeps it private (chmod go-w)",
+                                 path.string(), st.st_mode & 07777));
+  }
+  return std::nullopt;
+}
+
+// checkMadeHere() for a path that may not exist yet (then nothing to judge).
+std::optional<OpenError> checkIfPresent(const std::filesystem::path& path, bool directory) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return std::nullopt;
+    return openErrorFromErrno(errno, "cannot inspect " + path.string());
+  }
+  return checkMadeHere(path, st, directory);
+}
+
+// Records that the database in `stateDir` exists (see kCreatedFileName), durably.
+std::optional<OpenError> markCreated(const std::filesystem::path& stateDir) {
+  const std::filesystem::path marker = stateDir / kCreatedFileName;
+  UniqueFd fd(::open(marker.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600));
+  if (fd.get() < 0) return openErrorFromErrno(errno, "cannot create " + marker.string());
+  const std::string text =
+      "toolhost: the state database in db/ was created; if it goes missing or empty, toolhostd "
+      "refuses to start rather than begin again with nothing\n";
+  if (::write(fd.get(), text.data(), text.size()) != static_cast<ssize_t>(text.size()) ||
+      ::fsync(fd.get()) != 0) {
+    return openErrorFromErrno(errno, "cannot write " + marker.string());
+  }
+  UniqueFd dir(::open(stateDir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (dir.get() < 0 || ::fsync(dir.get()) != 0) {
+    return openErrorFromErrno(errno, "cannot sync " + stateDir.string());
+  }
+  return std::nullopt;
+}
+
 // Takes the exclusive lock that makes this process the only user of the state directory, and
 // records our pid in it for the error message of the next would-be owner. flock(2) locks belong
 // to the open file description, so a second open() in this same process conflicts too (unlike
@@ -150,6 +212,12 @@ boost::system::result<UniqueFd, OpenError> lockStateDirectory(const std::filesys
   const std::filesystem::path lockPath = dir / kLockFileName;
   UniqueFd fd(::open(lockPath.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
   if (fd.get() < 0) return openErrorFromErrno(errno, "cannot open " + lockPath.string());
+  // What was opened, not what the path held when open() checked it.
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) {
+    return openErrorFromErrno(errno, "cannot inspect " + lockPath.string());
+  }
+  if (auto err = checkMadeHere(lockPath, st, false)) return *err;
   if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
     const int err = errno;
     if (err != EWOULDBLOCK) return openErrorFromErrno(err, "cannot lock " + lockPath.string());
@@ -289,11 +357,26 @@ boost::system::result<StorePtr, OpenError> Store::open(Options options) {
   stateDir = std::filesystem::canonical(stateDir, fsError);
   if (fsError) return openErrorFromErrno(fsError.value(), "cannot resolve the state directory");
 
+  const std::filesystem::path db = stateDir / kDatabaseDirName;
+  for (const auto& [path, directory] :
+       {std::pair{stateDir / kLockFileName, false}, std::pair{stateDir / kCreatedFileName, false},
+        std::pair{db, true}, std::pair{db / "data.mdb", false},
+        std::pair{db / "lock.mdb", false}}) {
+    if (auto err = checkIfPresent(path, directory)) return *err;
+  }
+
   auto lockFd = lockStateDirectory(stateDir);
   if (!lockFd) return lockFd.error();
 
-  const std::filesystem::path db = stateDir / kDatabaseDirName;
   if (auto err = ensureDirectory(db)) return *err;
+  // Again, now that it exists: another user may have made it since the check above.
+  if (auto err = checkIfPresent(db, true)) return *err;
+  std::error_code markerError;
+  const bool created = std::filesystem::exists(stateDir / kCreatedFileName, markerError);
+  if (markerError) {
+    return openErrorFromErrno(markerError.value(),
+                              "cannot inspect " + (stateDir / kCreatedFileName).string());
+  }
 
   MDB_env* rawEnv = nullptr;
   if (int rc = mdb_env_create(&rawEnv)) return openErrorFromMdb(rc, db, "create");
@@ -343,6 +426,14 @@ boost::system::result<StorePtr, OpenError> Store::open(Options options) {
   // The version is checked in a read transaction first, so a store we refuse is not written.
   auto stored = readSchemaVersion(env.get(), db);
   if (!stored) return stored.error();
+  if (!*stored && created) {
+    return openError(
+        StoreErrc::corrupt,
+        fmt::format("the state database {} is missing or empty, but this state directory held "
+                    "one ({} says so): it was deleted or truncated; restore db/ from a backup, "
+                    "or remove {} to start again with an empty state",
+                    db.string(), kCreatedFileName, (stateDir / kCreatedFileName).string()));
+  }
   if (*stored && **stored > kSchemaVersion) {
     return openError(StoreErrc::versionMismatch,
                      fmt::format("the state database {} has schema version {}, newer than the "
@@ -381,6 +472,11 @@ boost::system::result<StorePtr, OpenError> Store::open(Options options) {
   }
   // Commit also keeps the table handles opened in this transaction for the environment.
   if (int rc = mdb_txn_commit(txn.release())) return openErrorFromMdb(rc, db, "initialize");
+  // After the commit: a crash before it leaves no database and no marker, a fresh start again.
+  // A database from before the marker existed gets one now.
+  if (!created) {
+    if (auto err = markCreated(stateDir)) return *err;
+  }
 
   spdlog::info("store: opened {} (schema version {}, map size {} MiB, {} tables)", db.string(),
                kSchemaVersion, options.mapSizeMb, options.tables.size());

@@ -41,8 +41,13 @@
 //
 // Layout of the state directory (created 0700, files 0600):
 //   <stateDir>/toolhost.lock   flock + pid of the owning process
+//   <stateDir>/db.created      made once the database first held a schema version: a database
+//                              missing or empty after that is refused (StoreErrc::corrupt)
 //   <stateDir>/db/data.mdb     the LMDB data file
 //   <stateDir>/db/lock.mdb     LMDB's reader table
+// Each of these that exists when open() starts must be a directory or regular file (no link)
+// of this process's user or root, not writable by group or others (StoreErrc::permissionDenied):
+// in a state directory others may write to (sticky, as /tmp), they could have made it.
 #pragma once
 
 #include <atomic>

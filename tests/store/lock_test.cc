@@ -67,3 +67,59 @@ TEST_CASE("a second process gets 'in use by pid N' until the first one exits") {
   REQUIRE(store.has_value());
   CHECK(readFile(tmp.state() / "toolhost.lock") == std::to_string(::getpid()) + "\n");
 }
+
+TEST_CASE("entries of the state directory another user made, or others may write, are refused") {
+  TempDir tmp;
+  const auto state = tmp.state();
+  { openOrFail(options(state)); }
+  const auto db = state / "db";
+  std::string expected;
+  SECTION("db/ writable by others") {
+    std::filesystem::permissions(db, std::filesystem::perms::others_write,
+                                 std::filesystem::perm_options::add);
+    expected = "may be written by its group or by others";
+  }
+  SECTION("the data file writable by its group") {
+    std::filesystem::permissions(db / "data.mdb", std::filesystem::perms::group_write,
+                                 std::filesystem::perm_options::add);
+    expected = "may be written by its group or by others";
+  }
+  SECTION("the data file a link to another file") {
+    std::filesystem::rename(db / "data.mdb", state / "elsewhere.mdb");
+    std::filesystem::create_symlink(state / "elsewhere.mdb", db / "data.mdb");
+    expected = "is not a regular file";
+  }
+  SECTION("db/ a link to another directory") {
+    std::filesystem::rename(db, state / "elsewhere");
+    std::filesystem::create_directory_symlink(state / "elsewhere", db);
+    expected = "is not a directory";
+  }
+  if (::geteuid() == 0) {
+    // Only root can give a file away; as another user this is what a sticky state directory
+    // (as /tmp) lets them make before the daemon's first start.
+    SECTION("db/ of another user") {
+      REQUIRE(::chown(db.c_str(), 65534, 65534) == 0);
+      expected = "belongs to uid 65534";
+    }
+    SECTION("the reader table of another user") {
+      REQUIRE(::chown((db / "lock.mdb").c_str(), 65534, 65534) == 0);
+      expected = "belongs to uid 65534";
+    }
+    SECTION("the lock file of another user") {
+      REQUIRE(::chown((state / "toolhost.lock").c_str(), 65534, 65534) == 0);
+      expected = "belongs to uid 65534";
+    }
+    SECTION("a db/ made by another user before the first start") {
+      std::filesystem::remove_all(db);
+      std::filesystem::remove(state / "db.created");
+      std::filesystem::create_directory(db);
+      REQUIRE(::chown(db.c_str(), 65534, 65534) == 0);
+      expected = "belongs to uid 65534";
+    }
+  }
+  if (expected.empty()) return;  // a root-only section, run as another user
+  auto refused = Store::open(options(state));
+  REQUIRE(refused.has_error());
+  CHECK(refused.error().code == StoreErrc::permissionDenied);
+  CHECK_THAT(refused.error().message, Catch::Contains(expected));
+}

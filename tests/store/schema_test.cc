@@ -143,3 +143,59 @@ TEST_CASE("a truncated data file is refused at open and never read past its end"
   CHECK(refused.error().code == StoreErrc::corrupt);
   CHECK_THAT(refused.error().message, Catch::Contains("truncated"));
 }
+
+TEST_CASE("a database lost after it was created is refused, not begun again") {
+  TempDir tmp;
+  const auto marker = tmp.state() / "db.created";
+  {
+    auto store = openOrFail(options(tmp.state()));
+    REQUIRE(store->write([&](WriteTxn& txn) -> boost::system::result<void> {
+      txn.put(store->table("items"), "kept", "yes");
+      return {};
+    }));
+  }
+  REQUIRE(std::filesystem::is_regular_file(marker));
+
+  SECTION("truncated to nothing") {
+    std::filesystem::resize_file(tmp.state() / "db" / "data.mdb", 0);
+  }
+  SECTION("deleted with its directory") { std::filesystem::remove_all(tmp.state() / "db"); }
+  for (int attempt = 0; attempt < 2; ++attempt) {  // a refused open hides nothing from the next
+    auto refused = Store::open(options(tmp.state()));
+    REQUIRE(refused.has_error());
+    CHECK(refused.error().code == StoreErrc::corrupt);
+    CHECK_THAT(refused.error().message, Catch::Contains("missing or empty"));
+    CHECK_THAT(refused.error().message, Catch::Contains(marker.string()));
+  }
+  // Removing the marker is how one starts again on purpose.
+  std::filesystem::remove(marker);
+  auto store = openOrFail(options(tmp.state()));
+  auto kept = store->read([&](ReadTxn& txn) { return txn.getCopy(store->table("items"), "kept"); });
+  REQUIRE(kept);
+  CHECK(*kept == std::nullopt);
+  CHECK(std::filesystem::is_regular_file(marker));
+}
+
+TEST_CASE("a database made before the marker existed gets one, and a failed first open none") {
+  TempDir tmp;
+  const auto marker = tmp.state() / "db.created";
+  { openOrFail(options(tmp.state())); }
+  std::filesystem::remove(marker);
+  {
+    auto store = openOrFail(options(tmp.state()));
+    CHECK(std::filesystem::is_regular_file(marker));
+  }
+
+  // A first open that fails before the database holds its schema version leaves no marker, so
+  // the next one starts afresh.
+  TempDir other;
+  std::filesystem::create_directories(other.state() / "db");
+  {
+    std::ofstream junk(other.state() / "db" / "data.mdb", std::ios::binary);
+    junk << std::string(20000, 'x');
+  }
+  REQUIRE(Store::open(options(other.state())).has_error());
+  CHECK_FALSE(std::filesystem::exists(other.state() / "db.created"));
+  std::filesystem::remove(other.state() / "db" / "data.mdb");
+  CHECK(Store::open(options(other.state())).has_value());
+}

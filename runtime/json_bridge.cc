@@ -378,6 +378,27 @@ v8::MaybeLocal<v8::Value> parseInContext(v8::Local<v8::Context> context, const s
 }
 }  // namespace
 
+std::size_t parseHeapEstimate(const json::object& object, std::size_t textBytes) {
+  std::size_t values = 1;
+  std::vector<const json::value*> pending;
+  for (const auto& member : object) pending.push_back(&member.value());
+  while (!pending.empty()) {
+    const json::value* value = pending.back();
+    pending.pop_back();
+    ++values;
+    if (const auto* inner = value->if_object()) {
+      for (const auto& member : *inner) pending.push_back(&member.value());
+    } else if (const auto* array = value->if_array()) {
+      for (const auto& item : *array) pending.push_back(&item);
+    }
+  }
+  return 2 * textBytes + values * kHeapBytesPerValue;
+}
+
+v8::MaybeLocal<v8::Value> fromJsonText(v8::Local<v8::Context> context, const std::string& text) {
+  return parseInContext(context, text);
+}
+
 v8::MaybeLocal<v8::Value> fromJson(v8::Local<v8::Context> context, const json::value& value) {
   return parseInContext(context, protocol::writeJson(value));
 }

@@ -52,10 +52,20 @@ boost::system::result<boost::json::value, ToJsonError> toJson(v8::Local<v8::Cont
 // The size of `value`'s compact JSON text (protocol::writeJson), computed without writing it.
 std::size_t jsonTextSize(const boost::json::value& value);
 
+// An upper estimate of the V8 heap that fromJson(object) takes: its JSON text (the source string
+// and the strings made from it) and about kHeapBytesPerValue for each value. V8's JSON.parse
+// never checks for termination, so arguments that outgrow the heap limit would run on past the
+// limit (the near-heap-limit callback grants headroom) until the whole process is killed as
+// stalled: they are refused by this estimate before V8 sees them.
+inline constexpr std::size_t kHeapBytesPerValue = 48;
+std::size_t parseHeapEstimate(const boost::json::object& object, std::size_t textBytes);
+
 // `value` as a fresh JavaScript value in `context` (through JSON text). Empty if V8 refuses it
 // (a string past V8's maximum length, or the heap is exhausted).
 v8::MaybeLocal<v8::Value> fromJson(v8::Local<v8::Context> context, const boost::json::value& value);
 v8::MaybeLocal<v8::Value> fromJson(v8::Local<v8::Context> context, const boost::json::object& object);
+// The same from JSON text already written (protocol::writeJson).
+v8::MaybeLocal<v8::Value> fromJsonText(v8::Local<v8::Context> context, const std::string& text);
 
 // A JavaScript string as UTF-8 (lone surrogates become U+FFFD), cut to at most `maxBytes` bytes
 // on a character boundary.

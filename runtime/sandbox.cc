@@ -1,5 +1,6 @@
 #include "runtime/sandbox.h"
 
+#include "protocol/json_text.h"
 #include "runtime/capabilities.h"
 #include "runtime/fetch_api.h"
 #include "runtime/module_specifier.h"
@@ -313,10 +314,28 @@ Sandbox::Step Sandbox::start(const json::object& arguments) {
     if (main_.IsEmpty()) {
       if (auto error = loadModule(js)) return Step{Progress::failed, std::move(error)};
     }
+    const std::string text = protocol::writeJson(arguments);
+    const std::size_t heapLimit = static_cast<std::size_t>(settings_.heapMb) * kMiB;
+    if (const auto needed = parseHeapEstimate(arguments, text.size()); needed > heapLimit / 2) {
+      // Checked against what the heap holds now only when it could matter (the figure costs a
+      // walk of the heap's spaces).
+      v8::HeapStatistics heap;
+      js.isolate->GetHeapStatistics(&heap);
+      if (heap.used_heap_size() + needed > heapLimit) {
+        return Step{
+            Progress::failed,
+            CallError{CallErrc::memoryLimit,
+                      "the arguments (" + std::to_string(text.size()) +
+                          " bytes of JSON) would take about " + std::to_string(needed / kMiB + 1) +
+                          " MiB of the sandbox's heap, more than its limit of " +
+                          std::to_string(settings_.heapMb) + " MiB leaves",
+                      {}}};
+      }
+    }
     v8::TryCatch tryCatch(js.isolate);
     v8::Local<v8::Value> args;
     v8::Local<v8::Object> ctx;
-    if (!fromJson(js.context, arguments).ToLocal(&args) ||
+    if (!fromJsonText(js.context, text).ToLocal(&args) ||
         !makeCtx(js.context, js.call, prelude_).ToLocal(&ctx)) {
       return Step{Progress::failed,
                   CallError{CallErrc::memoryLimit, "the arguments do not fit in the sandbox", {}}};

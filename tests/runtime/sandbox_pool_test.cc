@@ -1301,3 +1301,30 @@ TEST_CASE("calls in sandboxes of their own hold heaps within memory_budget_mb to
   CHECK(*again[0].result == "ok");
   CHECK(*again[1].result == "ok");
 }
+
+TEST_CASE("arguments that would outgrow the heap limit are refused before V8 parses them",
+          "[pool][limits]") {
+  // JSON.parse never checks for termination: past the heap limit it would run on (the callback
+  // grants headroom) until its whole process is killed as stalled.
+  PoolFixture f;  // a 32 MiB heap
+  auto tool = makeTool("let calls = 0; export default (args) => ++calls;");
+  REQUIRE(f.call(tool).result);
+
+  json::array many(1'000'000, json::object{});  // 3 MB of JSON, about 48 MiB as V8 objects
+  auto outcome = f.call(tool, json::object{{"a", std::move(many)}});
+  INFO(describe(outcome));
+  REQUIRE(errc(outcome) == CallErrc::memoryLimit);
+  CHECK_THAT(outcome.result.error().detail,
+             Catch::Contains("the arguments (3000007 bytes of JSON) would take"));
+  CHECK_THAT(outcome.result.error().detail, Catch::Contains("32 MiB"));
+
+  // A limit was hit, so the sandbox went (as for any limit), and the next call gets a fresh one.
+  auto next = f.call(tool);
+  REQUIRE(next.result);
+  CHECK(*next.result == 1);
+  // Large arguments that fit still pass: 200,000 numbers (estimated under 10 MiB).
+  json::array numbers(200'000, 7);
+  next = f.call(tool, json::object{{"n", std::move(numbers)}});
+  REQUIRE(next.result);
+  CHECK(*next.result == 2);
+}

@@ -120,6 +120,9 @@ std::optional<ConfigError> readString(const toml::table& table, const std::strin
 // for manifests that say nothing, and caps no manifest or call may exceed).
 std::optional<ConfigError> readRuntime(const toml::table& table, const std::string& file,
                                        runtime::RuntimeConfig& runtime) {
+  // A result travels in one answer, and no answer may exceed 64 MiB (daemon/session.cc): 63 MiB
+  // leaves room for the answer's other members and JSON escapes of ordinary text.
+  constexpr std::int64_t kMaxOutputBytes = std::int64_t{63} << 20;
   auto limit = [&](const char* key, std::optional<std::int64_t>& out, std::int64_t high) {
     std::int64_t value = out.value_or(0);
     auto error = readCount(table, file, "runtime", key, value, 1, high);
@@ -129,9 +132,10 @@ std::optional<ConfigError> readRuntime(const toml::table& table, const std::stri
   for (auto error : {
            readCount(table, file, "runtime", "workers", runtime.workers, 1, 256),
            readCount(table, file, "runtime", "max_retained", runtime.maxRetained, 1, 100000),
-           readCount(table, file, "runtime", "memory_budget_mb", runtime.memoryBudgetMb, 1, 1 << 20),
-           readCount(table, file, "runtime", "max_queued_per_sandbox", runtime.maxQueuedPerSandbox, 1,
-                     1000000),
+           readCount(table, file, "runtime", "memory_budget_mb", runtime.memoryBudgetMb, 1,
+                     1 << 20),
+           readCount(table, file, "runtime", "max_queued_per_sandbox", runtime.maxQueuedPerSandbox,
+                     1, 1000000),
            readCount(table, file, "runtime", "processes", runtime.processes, 1, 64),
            readCount(table, file, "runtime", "prewarmed", runtime.prewarmed, 0, 64),
            readCount(table, file, "runtime", "kill_grace_ms", runtime.killGraceMs, 100, 600000),
@@ -143,13 +147,13 @@ std::optional<ConfigError> readRuntime(const toml::table& table, const std::stri
            limit("default_heap_mb", runtime.defaults.heapMb, 65536),
            limit("default_array_buffer_mb", runtime.defaults.arrayBufferMb, 65536),
            limit("default_stack_kb", runtime.defaults.stackKb, 65536),
-           limit("default_output_bytes", runtime.defaults.outputBytes, std::int64_t{1} << 34),
+           limit("default_output_bytes", runtime.defaults.outputBytes, kMaxOutputBytes),
            limit("max_wall_ms", runtime.caps.wallMs, 86400000),
            limit("max_cpu_ms", runtime.caps.cpuMs, 86400000),
            limit("max_heap_mb", runtime.caps.heapMb, 65536),
            limit("max_array_buffer_mb", runtime.caps.arrayBufferMb, 65536),
            limit("max_stack_kb", runtime.caps.stackKb, 65536),
-           limit("max_output_bytes", runtime.caps.outputBytes, std::int64_t{1} << 34),
+           limit("max_output_bytes", runtime.caps.outputBytes, kMaxOutputBytes),
        }) {
     if (error) return error;
   }

@@ -42,7 +42,8 @@ inline std::string_view message(int code) {
     case kConflict: return "Conflict";
     case kIntegrity: return "Integrity error";
     case kUnavailable: return "Unavailable";
-    case kStorageFull: return "Storage full";
+    case kStorageFull:
+      return "Storage error";  // full, or an I/O or integrity failure
     case kArrayBufferLimit: return "ArrayBuffer limit exceeded";
     case kStackLimit: return "Stack limit exceeded";
     case kSandboxCrashed: return "Sandbox crashed";

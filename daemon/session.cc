@@ -111,6 +111,7 @@ std::string Session::answerLine(const json::value& response) {
     return text;
   }
   const bool connection = held + text.size() > kMaxHeldAnswerBytes;
+  const bool alone = text.size() > kMaxHeldAnswerBytes;
   if (std::string note; allowClientLine(logBudget_, note)) {
     spdlog::warn(
         "conn={} an answer of {} bytes was replaced by output-too-large: {} bytes of answers "
@@ -121,14 +122,16 @@ std::string Session::answerLine(const json::value& response) {
   const json::value* id = response.is_object() ? response.as_object().if_contains("id") : nullptr;
   auto error = protocol::makeError(
       app_error::kOutputTooLarge, "output-too-large",
-      "the answer is " + std::to_string(text.size()) + " bytes, and " +
-          (connection ? "this connection already holds " + std::to_string(held) +
-                            " bytes of answers it has not read (the limit is " +
-                            std::to_string(kMaxHeldAnswerBytes) + ")"
-                      : "the daemon already holds " + std::to_string(daemonHeld) +
-                            " bytes of answers its clients have not read (the limit is " +
-                            std::to_string(kMaxDaemonAnswerBytes) + ")") +
-          "; read the answers first, or ask for less at once");
+      "the answer is " + std::to_string(text.size()) + " bytes, " +
+          (alone ? "more than any answer may hold (" + std::to_string(kMaxHeldAnswerBytes) +
+                       " bytes); ask for less"
+           : connection ? "and this connection already holds " + std::to_string(held) +
+                              " bytes of answers it has not read (the limit is " +
+                              std::to_string(kMaxHeldAnswerBytes) + ")"
+                        : "and the daemon already holds " + std::to_string(daemonHeld) +
+                              " bytes of answers its clients have not read (the limit is " +
+                              std::to_string(kMaxDaemonAnswerBytes) + ")") +
+          (alone ? "" : "; read the answers first, or ask for less at once"));
   return protocol::encodeLine(
       protocol::errorResponse(id != nullptr ? *id : json::value(nullptr), error));
 }

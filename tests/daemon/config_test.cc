@@ -111,6 +111,10 @@ TEST_CASE("config errors name the key and what is wrong", "[config]") {
   check("[runtime]\njit = \"yes\"\n", "must be true or false");
   check("[runtime]\njit = 1\n", "must be true or false");
   check("[runtime]\nprewarmed = 65\n", "runtime.prewarmed");
+  // No answer may exceed 64 MiB, so a result cap above 63 MiB could never be delivered.
+  check("[runtime]\nmax_output_bytes = 66060289\n", "from 1 to 66060288");
+  check("[runtime]\ndefault_output_bytes = 536870912\n", "from 1 to 66060288");
+  REQUIRE(load("[runtime]\nmax_output_bytes = 66060288\n").has_value());
   // A typo or a wrong type is an error, never a silent default.
   check("[limits]\nmax_inflight = 4\n", "limits.max_inflight (line 2) is not a known key");
   check("[runtime]\nmax_restart = 3\n", "runtime.max_restart (line 2) is not a known key");

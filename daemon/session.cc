@@ -29,11 +29,15 @@ constexpr std::size_t kMaxQueuedAnswerBytes = 8 * 1024 * 1024;
 // Cancel notifications read under backpressure that must wait for the request held back.
 constexpr std::size_t kMaxDeferredCancels = 256;
 // Answers held, encoded and not yet read by their client, per connection and for the whole
-// daemon: an answer that would pass either is replaced by an output-too-large error (answers up
-// to kAlwaysAnsweredBytes always go, so that every client makes progress).
+// daemon: an answer that would pass either is replaced by an output-too-large error. Answers up
+// to kAlwaysAnsweredBytes go whatever the daemon holds to a connection holding at most
+// kAlwaysHeldBytes, so that every client that reads its answers makes progress; beyond that, a
+// connection that does not read cannot hold more than its share (without it, 256 connections
+// each holding a batch of 256 small answers were 4 GiB).
 constexpr std::size_t kMaxHeldAnswerBytes = 64 * 1024 * 1024;
 constexpr std::size_t kMaxDaemonAnswerBytes = 512 * 1024 * 1024;
 constexpr std::size_t kAlwaysAnsweredBytes = 64 * 1024;
+constexpr std::size_t kAlwaysHeldBytes = 1024 * 1024;
 std::atomic<std::size_t> allHeldAnswerBytes{0};
 constexpr auto as_tuple_awaitable = asio::as_tuple(use_awaitable);
 
@@ -106,7 +110,7 @@ std::string Session::answerLine(const json::value& response) {
   // operator off (an admin's connections still have the per-connection bound).
   const bool daemonRoom =
       roles_.has(Role::admin) || daemonHeld + text.size() <= kMaxDaemonAnswerBytes;
-  if (text.size() <= kAlwaysAnsweredBytes ||
+  if ((text.size() <= kAlwaysAnsweredBytes && (held <= kAlwaysHeldBytes || daemonRoom)) ||
       (held + text.size() <= kMaxHeldAnswerBytes && daemonRoom)) {
     return text;
   }

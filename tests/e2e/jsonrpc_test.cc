@@ -4,8 +4,18 @@
 
 #include "protocol/jsonrpc.h"
 
+#include <fcntl.h>
+#include <grp.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
 
+#include <cstring>
 #include <set>
 #include <thread>
 
@@ -521,4 +531,86 @@ TEST_CASE("a client's failing requests cannot flood the daemon's log", "[e2e][js
   CHECK(log.size() < 2 * 1024 * 1024);
   CHECK(log.find(std::string(301, 'm')) == std::string::npos);
   CHECK(log.find("(102400 bytes)") != std::string::npos);
+}
+
+TEST_CASE("past the daemon's bound on unread answers, clients that do not read get no more",
+          "[e2e][jsonrpc]") {
+  if (::geteuid() != 0) {
+    WARN("needs root to run clients as another uid (admins are exempt from the bound); skipped");
+    return;
+  }
+  DaemonOptions options;
+  options.configToml =
+      "[limits]\nmax_connections = 512\n[[access]]\nuid = 65534\nroles = [\"agent\"]\n";
+  auto daemon = DaemonProcess::start(options);
+  ::chmod(daemon->dir().c_str(), 0755);
+  ::chmod(daemon->socket().c_str(), 0777);
+  RawClient admin(daemon->socket());
+  const std::size_t answerBytes = toolhost::protocol::writeJson(admin.call("rpc.discover")).size();
+
+  // Agents that send a batch of 256 rpc.discover (about 6.7 MB of answers) on each of 120
+  // connections and never read: every answer is small, and each connection holds one batch at
+  // most, but together they held 800 MB.
+  constexpr int kConnections = 120;
+  constexpr int kBatch = 256;
+  std::string batch = "[";
+  for (int i = 0; i < kBatch; ++i) {
+    batch += (i ? "," : "") + std::string(R"({"jsonrpc":"2.0","method":"rpc.discover","id":)") +
+             std::to_string(i) + "}";
+  }
+  batch += "]\n";
+  // Everything the child uses is made before fork(): it must not allocate.
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  std::strncpy(address.sun_path, daemon->socket().c_str(), sizeof address.sun_path - 1);
+  std::vector<int> fds;
+  fds.reserve(kConnections);
+  int ready[2];
+  REQUIRE(::pipe(ready) == 0);
+  const pid_t agents = ::fork();
+  REQUIRE(agents >= 0);
+  if (agents == 0) {
+    ::close(ready[0]);
+    if (::setgroups(0, nullptr) != 0 || ::setresgid(65534, 65534, 65534) != 0 ||
+        ::setresuid(65534, 65534, 65534) != 0) {
+      std::_Exit(3);
+    }
+    for (int i = 0; i < kConnections; ++i) {
+      const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      if (fd < 0 || ::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0) {
+        std::_Exit(4);
+      }
+      ::fcntl(fd, F_SETFL, O_NONBLOCK);
+      fds.push_back(fd);
+    }
+    for (int fd : fds) (void)!::send(fd, batch.data(), batch.size(), MSG_NOSIGNAL);
+    (void)!::write(ready[1], "x", 1);
+    ::pause();
+    std::_Exit(0);
+  }
+  ::close(ready[1]);
+  char byte = 0;
+  REQUIRE(::read(ready[0], &byte, 1) == 1);
+  ::close(ready[0]);
+
+  // Wait until the held total stops growing.
+  std::uint64_t held = 0;
+  for (int steady = 0, i = 0; steady < 10 && i < 600; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    auto info = admin.call("daemon.info");
+    REQUIRE(info.contains("result"));
+    const auto now = info.at("result").at("answerBytesHeld").to_number<std::uint64_t>();
+    steady = now == held ? steady + 1 : 0;
+    held = now;
+  }
+  ::kill(agents, SIGKILL);
+  ::waitpid(agents, nullptr, 0);
+  INFO("held " << held << " bytes; one batch's answers " << answerBytes * kBatch);
+  // 512 MiB, overshot at most by 1 MiB and one answer per connection, and the short errors that
+  // replaced the rest of its answers.
+  CHECK(held > 400u * 1024 * 1024);
+  CHECK(held <= 512u * 1024 * 1024 + kConnections * ((1u << 20) + answerBytes + kBatch * 400));
+  // A client that reads its answers is still served, small answers and all.
+  RawClient agentLike(daemon->socket());
+  CHECK(agentLike.call("rpc.discover").contains("result"));
 }

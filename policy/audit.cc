@@ -97,11 +97,51 @@ void AuditLog::append(AuditEntry entry) {
   }
   {
     std::unique_lock lock(mutex_);
+    if (entry.kind == "denial" && !entry.toolRevision.empty() && !admitDenial(entry)) return;
     changed_.wait(lock, [this] { return queue_.size() < kMaxQueued || stopping_; });
     queue_.push_back(std::move(entry));
     ++appended_;
   }
   changed_.notify_all();
+}
+
+bool AuditLog::admitDenial(AuditEntry& entry) {
+  const auto now = std::chrono::steady_clock::now();
+  auto tokensNow = [&](const DenialBudget& budget, double perSecond, double burst) {
+    const std::chrono::duration<double> elapsed = now - budget.refilled;
+    return std::min(burst, budget.tokens + elapsed.count() * perSecond);
+  };
+  auto refill = [&](DenialBudget& budget, double perSecond, double burst) {
+    budget.tokens = tokensNow(budget, perSecond, burst);
+    budget.refilled = now;
+  };
+  // Revisions whose buckets are full again hold nothing worth keeping: forget them when many.
+  constexpr std::size_t kMaxTracked = 4096;
+  if (denials_.size() >= kMaxTracked) {
+    std::erase_if(denials_, [&](const auto& item) {
+      return item.second.withheld == 0 &&
+             tokensNow(item.second, kDenialsPerSecond, kDenialBurst) >= kDenialBurst;
+    });
+    if (denials_.size() >= kMaxTracked) denials_.clear();
+  }
+  auto [found, added] =
+      denials_.try_emplace(entry.toolRevision, DenialBudget{kDenialBurst, now, 0});
+  DenialBudget& own = found->second;
+  refill(own, kDenialsPerSecond, kDenialBurst);
+  refill(allDenials_, kAllDenialsPerSecond, kAllDenialBurst);
+  if (own.tokens < 1 || allDenials_.tokens < 1) {
+    ++own.withheld;
+    return false;
+  }
+  own.tokens -= 1;
+  allDenials_.tokens -= 1;
+  if (own.withheld > 0) {
+    entry.reason += " (" + std::to_string(own.withheld) +
+                    " earlier denials of this tool revision were left out of the audit log: too "
+                    "many at once)";
+    own.withheld = 0;
+  }
+  return true;
 }
 
 void AuditLog::flush() const {

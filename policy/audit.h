@@ -16,6 +16,11 @@
 //    the callers rather than drop audit entries or grow without bound.
 //  - The destructor writes what is queued, then joins its thread: destroy the log before the
 //    Store.
+//  - Denials are tool code's doing (a tool may request a refused origin in a loop), and the log
+//    keeps only the newest maxEntries: unchecked, one tool would push every earlier decision
+//    and change out of it in seconds. Each tool revision's denials get kDenialsPerSecond after a
+//    burst of kDenialBurst, all tools' together kAllDenialsPerSecond after kAllDenialBurst; the
+//    next denial written says how many of its tool's were left out.
 #pragma once
 
 #include "policy/access_class.h"
@@ -23,6 +28,8 @@
 
 #include <boost/json/object.hpp>
 #include <boost/system/result.hpp>
+
+#include <chrono>
 
 #include <condition_variable>
 #include <cstddef>
@@ -32,6 +39,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 namespace toolhost::policy {
@@ -66,6 +74,10 @@ class AuditLog {
  public:
   // The most entries that wait for the disk before append() waits for room.
   static constexpr std::size_t kMaxQueued = 10000;
+  static constexpr double kDenialsPerSecond = 5;
+  static constexpr double kDenialBurst = 100;
+  static constexpr double kAllDenialsPerSecond = 50;
+  static constexpr double kAllDenialBurst = 1000;
 
   // `maxEntries` (config: [policy] audit_max_entries) bounds the table; at least 1.
   AuditLog(store::Store& store, std::size_t maxEntries);
@@ -93,7 +105,18 @@ class AuditLog {
   store::Table table_;
   std::size_t maxEntries_;
 
+  // A token bucket for denials, and how many it held back since it last let one through.
+  struct DenialBudget {
+    double tokens = 0;
+    std::chrono::steady_clock::time_point refilled;
+    std::uint64_t withheld = 0;
+  };
+  // Whether `entry` (a denial) may be written now; adds the count left out to its reason.
+  bool admitDenial(AuditEntry& entry);  // under mutex_
+
   mutable std::mutex mutex_;
+  DenialBudget allDenials_{kAllDenialBurst, std::chrono::steady_clock::now(), 0};  // under mutex_
+  std::unordered_map<std::string, DenialBudget> denials_;  // under mutex_: by tool revision
   mutable std::condition_variable changed_;  // queued, written, room made, or stopping
   std::deque<AuditEntry> queue_;             // under mutex_
   std::uint64_t appended_ = 0;               // under mutex_: entries ever queued

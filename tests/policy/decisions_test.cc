@@ -697,3 +697,47 @@ TEST_CASE("authorize: pending prompts are handed to a new approver", "[policy][a
   REQUIRE(stored);
   CHECK(stored->decidedBy == "late approver");
 }
+
+TEST_CASE("audit: one tool's denials cannot push the rest out of the log", "[policy][audit]") {
+  TempDir dir;
+  auto store = openStore(dir.state());
+  AuditLog audit(*store, 1000);
+  AuditEntry change;
+  change.kind = "change";
+  change.toolRevision = kRevB;
+  change.verdict = "revoked";
+  audit.append(change);
+  auto denial = [](const std::string& revision) {
+    AuditEntry entry;
+    entry.kind = "denial";
+    entry.toolRevision = revision;
+    entry.action = "fetch";
+    entry.target = "https://not-requested.example";
+    entry.verdict = "deny";
+    entry.reason = "refused before authorization: not-requested";
+    return entry;
+  };
+  // A tool requesting a refused origin in a loop: its burst is written, the rest left out.
+  for (int i = 0; i < 5000; ++i) audit.append(denial(kRevA));
+  audit.append(denial(kRevB));  // another tool's denials still get in
+  auto all = valueOf(audit.tail(1000));
+  std::size_t ofA = 0;
+  for (const auto& entry : all) ofA += entry.toolRevision == kRevA ? 1 : 0;
+  CHECK(ofA >= 100);
+  CHECK(ofA <= 105);  // the burst, and what a few milliseconds refilled
+  CHECK(all.front().kind == "change");
+  CHECK(all.back().toolRevision == kRevB);
+  // Once the bucket refills, the next denial says how many were left out.
+  std::this_thread::sleep_for(std::chrono::milliseconds(250));
+  audit.append(denial(kRevA));
+  auto last = valueOf(audit.tail(1)).back();
+  CHECK(last.toolRevision == kRevA);
+  CHECK_THAT(last.reason, Catch::Contains("earlier denials of this tool revision were left out"));
+  // Other kinds are never left out.
+  for (int i = 0; i < 300; ++i) {
+    AuditEntry request = denial(kRevA);
+    request.kind = "request";
+    audit.append(request);
+  }
+  CHECK(valueOf(audit.tail(1000)).size() == all.size() + 1 + 300);
+}

@@ -217,6 +217,9 @@ int run(const daemon::Config& config, const daemon::CommandLine& commandLine) {
   // Reads that walk a whole task lineage (each task re-hashed) take seconds for long ones: off
   // the I/O threads, and off the disk thread too, where writes would queue behind them.
   daemon::DiskThread lineageReads;
+  // Checks of large arguments against a tool's parameters take up to a second or so: off the
+  // I/O threads, where every connection would wait for them.
+  daemon::DiskThread argumentChecks;
 
   // Sandboxed JavaScript: V8 workers, retained sandboxes, the watchdog. The pool is destroyed
   // first (its calls end and abort their operations), then the capability host, then the
@@ -266,8 +269,9 @@ int run(const daemon::Config& config, const daemon::CommandLine& commandLine) {
 
   daemon::MethodTable methods;
   daemon::registerMetaMethods(methods, facts);
-  daemon::registerToolMethods(methods, daemon::ToolServices{registry, disk, &sandboxes,
-                                                            &externalTools, &secrets, &taskStore});
+  daemon::registerToolMethods(
+      methods, daemon::ToolServices{registry, disk, &sandboxes, &externalTools, &secrets,
+                                    &taskStore, &argumentChecks});
   daemon::registerPopupMethods(methods, popups);
   daemon::registerSandboxMethods(methods, sandboxes);
   daemon::registerTaskMethods(methods, taskStore, disk, lineageReads);
@@ -309,6 +313,7 @@ int run(const daemon::Config& config, const daemon::CommandLine& commandLine) {
   // After a forced stop, jobs may still be queued: they run now, while what they use is alive.
   disk.stop();
   lineageReads.stop();
+  argumentChecks.stop();
   return 0;
 }
 

@@ -19,6 +19,27 @@ using registry::RegistryErrc;
 
 namespace {
 
+// Above this many pairs of argument and schema values (about a millisecond of valijson), a
+// call's arguments are checked on ToolServices::checks.
+constexpr std::size_t kInlineCheckPairs = 100'000;
+
+std::size_t countValues(const json::object& object) {
+  std::size_t values = 1;
+  std::vector<const json::value*> pending;
+  for (const auto& member : object) pending.push_back(&member.value());
+  while (!pending.empty()) {
+    const json::value* value = pending.back();
+    pending.pop_back();
+    ++values;
+    if (const auto* inner = value->if_object()) {
+      for (const auto& member : *inner) pending.push_back(&member.value());
+    } else if (const auto* array = value->if_array()) {
+      for (const auto& item : *array) pending.push_back(&item);
+    }
+  }
+  return values;
+}
+
 const json::value kName = schema(R"({"type":"string","minLength":1,"maxLength":64,"description":"a tool name"})");
 const json::value kRevision =
     schema(R"({"type":"string","minLength":50,"maxLength":50,"description":"a revision: sha256: and 43 base64url characters"})");
@@ -282,8 +303,19 @@ void registerToolMethods(MethodTable& methods, ToolServices services) {
         registry::ToolRevisionPtr tool = *resolved;
         json::object arguments;
         if (auto* given = params.if_contains("arguments")) arguments = std::move(given->as_object());
-        if (auto violation =
-                tool->parameters.validate(arguments, registry::JsonSchema::kMaxPairsForArguments)) {
+        auto validate = [&] {
+          return tool->parameters.validate(arguments, registry::JsonSchema::kMaxPairsForArguments);
+        };
+        // Most arguments take microseconds to check, here; large ones against a large schema up
+        // to about a second, which would stall every connection of this I/O thread.
+        std::optional<registry::SchemaViolation> violation;
+        if (services.checks != nullptr &&
+            countValues(arguments) * tool->parameters.expandedValues() > kInlineCheckPairs) {
+          violation = co_await services.checks->run(validate);
+        } else {
+          violation = validate();
+        }
+        if (violation) {
           co_return toRpcError(registry::RegistryError{RegistryErrc::invalidArguments,
                                                        violation->describe("arguments")});
         }

@@ -23,6 +23,7 @@ struct ToolServices {
   ExternalTools* external = nullptr;          // null: external-service tools are unavailable
   SecretsHost* secrets = nullptr;  // null: tools.activate does not report requested secrets
   registry::TaskStore* tasks = nullptr;  // null: store.verify does not check tasks
+  DiskThread* checks = nullptr;          // large arguments are validated there (null: inline)
 };
 
 void registerToolMethods(MethodTable& methods, ToolServices services);

@@ -47,7 +47,8 @@ class JsonSchema {
   // Validation visits each value of the instance with each part of the schema that applies to
   // it, so its time is bounded by their product: a schema of 10,000 allOf entries took 34 s
   // with 100,000 arguments, and 2 * 10^7 pairs take up to about a third of a second. The bound
-  // for arguments a client sent (tools.call validates on the connection's I/O thread).
+  // for arguments a client sent (tools.call checks large ones on a thread of their own, small
+  // ones on the connection's I/O thread).
   static constexpr std::size_t kMaxPairsForArguments = 20'000'000;
 
   // The first violation, if any; past `maxPairs` (instance values times the schema's values,

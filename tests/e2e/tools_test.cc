@@ -305,3 +305,45 @@ TEST_CASE("2.0 and 2 are one number: one revision, and both are integers", "[e2e
       "\n");
   CHECK(errorCode(client.readJson().as_object()) == -32602);
 }
+
+TEST_CASE("checking large arguments does not hold up other connections", "[e2e][tools]") {
+  auto daemon = DaemonProcess::start();
+  RawClient caller(daemon->socket());
+  // 30 object shapes to choose from for each item; the items match the last one.
+  json::array shapes;
+  for (int i = 0; i < 30; ++i) {
+    const std::string key = "k" + std::to_string(i);
+    shapes.push_back(json::object{{"type", "object"},
+                                  {"required", json::array{key.c_str()}},
+                                  {"properties", json::object{{key, {{"type", "integer"}}}}}});
+  }
+  auto m = manifest("union", "export default async (a) => a.items.length");
+  m["parameters"] = json::object{
+      {"type", "object"},
+      {"properties",
+       json::object{{"items", json::object{{"type", "array"},
+                                           {"items", json::object{{"anyOf", shapes}}}}}}}};
+  const auto installed = resultOf(caller.call("tools.install", json::object{{"manifest", m}}));
+  resultOf(caller.call("tools.activate",
+                       json::object{{"name", "union"}, {"revision", installed.at("revision")}}));
+  json::array items(30'000, json::object{{"k29", 1}});
+  caller.send(toolhost::protocol::encodeLine(json::object{
+      {"jsonrpc", "2.0"},
+      {"id", 1},
+      {"method", "tools.call"},
+      {"params", json::object{{"name", "union"}, {"arguments", {{"items", std::move(items)}}}}}}));
+
+  // While those arguments are checked (seconds in a debug build), another connection is served.
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  RawClient other(daemon->socket());
+  const auto pinged = std::chrono::steady_clock::now();
+  CHECK(other.call("ping").contains("result"));
+  const auto pingTook = std::chrono::steady_clock::now() - pinged;
+  const auto answer = caller.readJson(std::chrono::seconds(120)).as_object();
+  const auto callTook = std::chrono::steady_clock::now() - pinged;
+  INFO("ping " << std::chrono::duration<double>(pingTook).count() << " s, call "
+               << std::chrono::duration<double>(callTook).count() << " s");
+  REQUIRE(answer.contains("result"));
+  CHECK(answer.at("result").at("result") == 30'000);
+  CHECK(pingTook * 4 < callTook);
+}

@@ -3,6 +3,7 @@
 #include "daemon/external_tools.h"
 #include "daemon/registry_errors.h"
 #include "daemon/secrets_host.h"
+#include "protocol/json_parse.h"
 #include "runtime/tool_runner.h"
 
 #include <boost/json/parse.hpp>
@@ -22,23 +23,6 @@ namespace {
 // Above this many pairs of argument and schema values (about a millisecond of valijson), a
 // call's arguments are checked on ToolServices::checks.
 constexpr std::size_t kInlineCheckPairs = 100'000;
-
-std::size_t countValues(const json::object& object) {
-  std::size_t values = 1;
-  std::vector<const json::value*> pending;
-  for (const auto& member : object) pending.push_back(&member.value());
-  while (!pending.empty()) {
-    const json::value* value = pending.back();
-    pending.pop_back();
-    ++values;
-    if (const auto* inner = value->if_object()) {
-      for (const auto& member : *inner) pending.push_back(&member.value());
-    } else if (const auto* array = value->if_array()) {
-      for (const auto& item : *array) pending.push_back(&item);
-    }
-  }
-  return values;
-}
 
 const json::value kName = schema(R"({"type":"string","minLength":1,"maxLength":64,"description":"a tool name"})");
 const json::value kRevision =
@@ -310,7 +294,8 @@ void registerToolMethods(MethodTable& methods, ToolServices services) {
         // to about a second, which would stall every connection of this I/O thread.
         std::optional<registry::SchemaViolation> violation;
         if (services.checks != nullptr &&
-            countValues(arguments) * tool->parameters.expandedValues() > kInlineCheckPairs) {
+            protocol::countJsonValues(arguments) * tool->parameters.expandedValues() >
+                kInlineCheckPairs) {
           violation = co_await services.checks->run(validate);
         } else {
           violation = validate();

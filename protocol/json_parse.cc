@@ -337,6 +337,23 @@ boost::system::result<json::value, JsonParseError> parseJson(std::string_view te
   return parseWith(text, limits, false);
 }
 
+std::size_t countJsonValues(const json::object& object) {
+  std::size_t values = 1;
+  std::vector<const json::value*> pending;
+  for (const auto& member : object) pending.push_back(&member.value());
+  while (!pending.empty()) {
+    const json::value* value = pending.back();
+    pending.pop_back();
+    ++values;
+    if (const auto* inner = value->if_object()) {
+      for (const auto& member : *inner) pending.push_back(&member.value());
+    } else if (const auto* array = value->if_array()) {
+      for (const auto& item : *array) pending.push_back(&item);
+    }
+  }
+  return values;
+}
+
 std::size_t jsonDepth(const json::value& value) {
   std::size_t deepest = 0;
   if (const auto* object = value.if_object()) {

@@ -40,6 +40,9 @@ struct JsonParseError {
 boost::system::result<boost::json::value, JsonParseError> parseJson(std::string_view text,
                                                                      const JsonParseLimits& limits = {});
 
+// Values in `object`, itself included (objects, arrays and scalars alike), without recursion.
+std::size_t countJsonValues(const boost::json::object& object);
+
 // Nesting depth of a value (a scalar is 0, `[]` is 1).
 std::size_t jsonDepth(const boost::json::value& value);
 

@@ -1,5 +1,6 @@
 #include "runtime/json_bridge.h"
 
+#include "protocol/json_parse.h"
 #include "protocol/json_text.h"
 
 #include <boost/json/array.hpp>
@@ -379,20 +380,7 @@ v8::MaybeLocal<v8::Value> parseInContext(v8::Local<v8::Context> context, const s
 }  // namespace
 
 std::size_t parseHeapEstimate(const json::object& object, std::size_t textBytes) {
-  std::size_t values = 1;
-  std::vector<const json::value*> pending;
-  for (const auto& member : object) pending.push_back(&member.value());
-  while (!pending.empty()) {
-    const json::value* value = pending.back();
-    pending.pop_back();
-    ++values;
-    if (const auto* inner = value->if_object()) {
-      for (const auto& member : *inner) pending.push_back(&member.value());
-    } else if (const auto* array = value->if_array()) {
-      for (const auto& item : *array) pending.push_back(&item);
-    }
-  }
-  return 2 * textBytes + values * kHeapBytesPerValue;
+  return 2 * textBytes + protocol::countJsonValues(object) * kHeapBytesPerValue;
 }
 
 v8::MaybeLocal<v8::Value> fromJsonText(v8::Local<v8::Context> context, const std::string& text) {

@@ -76,6 +76,17 @@ Clock::duration cancelAnswerTime(Clock::duration grace) {
   return 2 * grace + std::chrono::seconds(1);
 }
 
+// When a cancelled call counts as held (its process is killed): past cancelAnswerTime, once the
+// host has also been silent for the grace. A host that goes on sending messages is working
+// through what the daemon sent before the cancel (large calls queued behind one another: the
+// cancel is read only after them), not holding the call; that lasts until the call is late at
+// the latest.
+Clock::time_point heldAt(Clock::time_point cancelDeadline, Clock::time_point heard,
+                         Clock::time_point late, Clock::duration grace) {
+  if (cancelDeadline == Clock::time_point::max()) return cancelDeadline;
+  return std::max(cancelDeadline, std::min(heard + grace, late));
+}
+
 const char* const kEnvironmentKept[] = {
     "TZ", "LANG", "LC_ALL", "ASAN_OPTIONS", "UBSAN_OPTIONS", "LSAN_OPTIONS", "TSAN_OPTIONS"};
 
@@ -446,6 +457,11 @@ struct Process : std::enable_shared_from_this<Process> {
   std::uint64_t pingSeq = 0;
   // When `watch` is due, as rearm last set it: a new call due no earlier needs no rearm.
   Clock::time_point watchDue = Clock::time_point::max();
+  // When the host's last message arrived (Clock's count), for heldAt(). Any thread.
+  std::atomic<Clock::rep> heardAt{0};
+  Clock::time_point heard() const {
+    return Clock::time_point(Clock::duration(heardAt.load(std::memory_order_relaxed)));
+  }
 
   void opPaused(std::uint64_t op);
   void opResumed(std::uint64_t op);
@@ -1111,6 +1127,7 @@ const CallError kKilledForAnother{
 
 void ProcessSandboxPool::Impl::handle(const std::shared_ptr<Process>& process,
                                       json::object& message) {
+  process->heardAt.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
   const std::string type = ipc::stringField(message, "t");
   if (type == "result") {
     PendingCall call;
@@ -1306,7 +1323,10 @@ void ProcessSandboxPool::Impl::rearm(const std::shared_ptr<Process>& process) {
           next = std::min(next, call.lateAt(self->grace));
         if (next != Clock::time_point::max()) next = std::max(next, process->nextPing);
       }
-      for (const auto& [id, call] : process->calls) next = std::min(next, call.cancelDeadline);
+      for (const auto& [id, call] : process->calls) {
+        next = std::min(next, heldAt(call.cancelDeadline, process->heard(),
+                                     call.lateAt(self->grace), self->grace));
+      }
       process->watchDue = next;  // in the same hold as the scan: a call added later compares
     }
     process->watch.expires_at(next);
@@ -1328,7 +1348,7 @@ void ProcessSandboxPool::Impl::onWatch(const std::shared_ptr<Process>& process) 
     std::lock_guard lock(process->mutex);
     if (process->ended) return;
     for (const auto& [id, call] : process->calls) {
-      if (call.cancelDeadline <= now) {
+      if (heldAt(call.cancelDeadline, process->heard(), call.lateAt(grace), grace) <= now) {
         verdicts.emplace(id, CallError{CallErrc::cancelled,
                                        "the call was cancelled and its sandbox process did not end "
                                        "it within " +

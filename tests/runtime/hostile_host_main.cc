@@ -20,6 +20,8 @@
 //                       the daemon refused
 //   sandbox-flood       reports of retained sandboxes that do not exist, thousands at a time
 //   silent              nothing: calls and their cancels go unanswered (pings still are)
+//   chatty              as silent, but it sends a message (a stray pong) every 200 ms, as a
+//                       host busy with a backlog of large calls sends their results
 //   result-keeps-op     an operation for the call, then the call's result without its abort
 //   too-many-values     a result of 4 million zeros (8 MB)
 //   too-long            a result of a 200 MiB string
@@ -28,11 +30,13 @@
 //                       of 10,000 bytes, a second later one more line; then the call's result
 #include <unistd.h>
 #include <boost/json.hpp>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <limits>
 #include <string>
 #include <string_view>
+#include <thread>
 
 namespace json = boost::json;
 
@@ -277,6 +281,13 @@ int main(int argc, char** argv) {
   }
   std::signal(SIGPIPE, SIG_IGN);
   const std::string scenario = argv[2];
+  if (scenario == "chatty") {
+    std::thread([] {
+      while (send(json::object{{"t", "pong"}, {"seq", 999999}})) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      }
+    }).detach();
+  }
   Lines lines;
   std::string line;
   while (lines.next(line)) {

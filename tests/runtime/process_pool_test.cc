@@ -1252,6 +1252,36 @@ TEST_CASE("a host that holds a cancelled call is killed at the cancel's deadline
   CHECK(noZombies());
 }
 
+TEST_CASE("a host that keeps sending is not taken to hold a cancel it has not read yet",
+          "[process][hostile][cancel]") {
+  // A host working through large calls queued before the cancel reads the cancel late, but its
+  // other messages keep coming: killed only once the call is late (wall clock plus the grace).
+  ProcessFixture f(processConfig(), hostileLaunch("chatty"));
+  auto tool = makeTool("export default () => 1", limits({{"wallMs", 6000}}));
+  asio::io_context io;
+  asio::cancellation_signal signal;
+  std::optional<CallOutcome> held;
+  const auto sentAt = Clock::now();
+  asio::co_spawn(
+      io, f.pool->call(tool, {}, {}),
+      asio::bind_cancellation_slot(signal.slot(), [&](std::exception_ptr, CallOutcome outcome) {
+        held = std::move(outcome);
+      }));
+  asio::steady_timer timer(io, milliseconds(200));
+  timer.async_wait(
+      [&](boost::system::error_code) { signal.emit(asio::cancellation_type::terminal); });
+  io.run();
+  REQUIRE(held);
+  INFO(describe(*held));
+  REQUIRE(errc(*held) == CallErrc::cancelled);
+  const auto waited = Clock::now() - sentAt;
+  // Past the silent host's deadline (twice the grace plus a second after the cancel), and by
+  // the wall clock plus the grace and the watch's polling.
+  CHECK(waited >= milliseconds(6000 + kGraceMs));
+  CHECK(waited < milliseconds(6000 + kGraceMs + 3000));
+  CHECK(noZombies());
+}
+
 TEST_CASE("a call's operations end with its result, even when its host did not abort them",
           "[process][hostile]") {
   ProcessFixture f(processConfig(), hostileLaunch("result-keeps-op"));

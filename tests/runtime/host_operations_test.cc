@@ -826,7 +826,8 @@ TEST_CASE("at most kMaxRunningOps of a call's host requests run at once, the res
           "[ops][limits]") {
   Later later;
   PoolFixture f;
-  // The host answers each fetch 50 ms after it arrives, and notes the most it held at once.
+  // The host answers each fetch a second after it arrives (long enough for the tool to start
+  // all it may on a loaded machine), and notes the most it held at once.
   std::atomic<int> held{0};
   std::atomic<int> most{0};
   f.host.onOperation([&](const std::string&, const json::value&,
@@ -834,7 +835,7 @@ TEST_CASE("at most kMaxRunningOps of a call's host requests run at once, the res
     const int now = ++held;
     for (int seen = most.load(); now > seen && !most.compare_exchange_weak(seen, now);) {
     }
-    later.after(milliseconds(50), [&held, operation] {
+    later.after(milliseconds(1000), [&held, operation] {
       --held;
       operation->complete(fetchReply(200, "ok"));
     });

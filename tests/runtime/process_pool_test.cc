@@ -750,7 +750,7 @@ TEST_CASE("host operations cross the socket: complete, pause, resume, fail and a
     auto tool =
         makeTool("export default async () => (await fetch('https://never.example/')).status",
                  limits({{"wallMs", 30000}}));
-    auto outcome = callAndCancel(*f.pool, tool, milliseconds(200));
+    auto outcome = callAndCancelWhen(*f.pool, tool, [&] { return held.size() == 1; });
     INFO(describe(outcome));
     CHECK(errc(outcome) == CallErrc::cancelled);
     CHECK(waitFor([&] { return held.aborts == 1; }));

@@ -220,6 +220,39 @@ inline CallOutcome callAndCancel(ToolRunner& pool, const registry::ToolRevisionP
   return std::move(*out);
 }
 
+// Cancels the call once `ready()` (polled every 10 ms, from this thread), not after a fixed time:
+// on a loaded machine (a sanitizer build) the tool may take long to reach the point a test
+// cancels it at. Cancels anyway after 20 s.
+inline CallOutcome callAndCancelWhen(ToolRunner& pool, const registry::ToolRevisionPtr& tool,
+                                     const std::function<bool()>& ready) {
+  boost::asio::io_context io;
+  boost::asio::cancellation_signal signal;
+  std::optional<CallOutcome> out;
+  boost::json::object arguments;
+  boost::asio::co_spawn(io, pool.call(tool, arguments, {}),
+                        boost::asio::bind_cancellation_slot(
+                            signal.slot(), [&](std::exception_ptr error, CallOutcome outcome) {
+                              if (error) std::rethrow_exception(error);
+                              out = std::move(outcome);
+                            }));
+  boost::asio::steady_timer timer(io);
+  const auto giveUp = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  std::function<void()> poll = [&] {
+    timer.expires_after(std::chrono::milliseconds(10));
+    timer.async_wait([&](boost::system::error_code) {
+      if (out) return;
+      if (ready() || std::chrono::steady_clock::now() > giveUp) {
+        signal.emit(boost::asio::cancellation_type::terminal);
+      } else {
+        poll();
+      }
+    });
+  };
+  poll();
+  io.run();
+  return std::move(*out);
+}
+
 inline std::int64_t nowMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
              std::chrono::system_clock::now().time_since_epoch())

@@ -34,6 +34,7 @@
 #include "runtime/sandbox_host.h"
 #include "runtime/v8_platform.h"
 #include "runtime/worker_threads.h"
+#include "store/page_check.h"
 #include "store/store.h"
 
 #include <fmt/format.h>
@@ -139,6 +140,11 @@ int run(const daemon::Config& config, const daemon::CommandLine& commandLine) {
   for (auto& table : registry::ToolStorage::tables()) storeOptions.tables.push_back(table);
   for (auto& table : policy::DecisionStore::tables()) storeOptions.tables.push_back(table);
   for (auto& table : policy::SecretsVault::tables()) storeOptions.tables.push_back(table);
+  // Every page is read first by a child (toolhostd --check-store, see main()), which a damaged
+  // page may kill instead of this process.
+  storeOptions.checkPages = [](const std::filesystem::path& db) {
+    return store::checkInChild(store::PageCheckLaunch{"/proc/self/exe", {"--check-store"}}, db);
+  };
   auto opened = store::Store::open(storeOptions);
   if (!opened) {
     spdlog::critical("{}", opened.error().message);
@@ -271,7 +277,7 @@ int run(const daemon::Config& config, const daemon::CommandLine& commandLine) {
   daemon::registerMetaMethods(methods, facts);
   daemon::registerToolMethods(
       methods, daemon::ToolServices{registry, disk, &sandboxes, &externalTools, &secrets,
-                                    &taskStore, &argumentChecks});
+                                    &taskStore, &argumentChecks, &store});
   daemon::registerPopupMethods(methods, popups);
   daemon::registerSandboxMethods(methods, sandboxes);
   daemon::registerTaskMethods(methods, taskStore, disk, lineageReads);
@@ -337,6 +343,10 @@ int main(int argc, char** argv) {
   // daemon runs in it; its socket to the daemon is fd 3.
   if (argc > 1 && std::string_view(argv[1]) == "--sandbox-host") {
     return runtime::runSandboxHost(3, argc, argv);
+  }
+  // The check of every page of the state database (store/page_check.h), run by the daemon.
+  if (argc > 1 && std::string_view(argv[1]) == "--check-store") {
+    return store::runPageCheck(argc, argv);
   }
   // SIGHUP asks a running daemon to reload; until the daemon's own handler is in place (once the
   // store is open and the server listens), one would end the process. Ignored until then; the

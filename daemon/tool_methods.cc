@@ -370,15 +370,22 @@ void registerToolMethods(MethodTable& methods, ToolServices services) {
 
   methods.add(MethodSpec{
       "store.verify",
-      "Re-hashes every stored manifest, settings document and task, and checks every binding "
-      "and every task's parent; lists what does not match (empty when all is well).",
+      "Reads every page of the database in a separate process, then re-hashes every stored "
+      "manifest, settings document and task, and checks every binding and every task's parent; "
+      "lists what does not match (empty when all is well).",
       RoleSet{Role::admin},
       {},
       schema(R"({"type":"object","required":["ok","problems"]})"),
-      [&registry, &disk, tasks = services.tasks](CallContext&,
-                                                 json::object) -> asio::awaitable<MethodResult> {
+      [&registry, &disk, tasks = services.tasks, store = services.store](
+          CallContext&, json::object) -> asio::awaitable<MethodResult> {
         // Re-hashes everything stored: a long read, kept off the I/O threads.
         auto problems = co_await disk.run([&]() -> registry::Result<std::vector<std::string>> {
+          // Damaged pages first: the walks below would follow them and could kill the daemon.
+          if (auto damage = store != nullptr ? store->checkPages() : std::nullopt) {
+            spdlog::error("store.verify: the state database {} is damaged: {}",
+                          store->databasePath().string(), *damage);
+            return std::vector<std::string>{"database pages: " + *damage};
+          }
           auto found = registry.verifyAll();
           if (!found || tasks == nullptr) return found;
           auto ofTasks = tasks->verifyAll();

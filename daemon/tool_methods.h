@@ -24,6 +24,7 @@ struct ToolServices {
   SecretsHost* secrets = nullptr;  // null: tools.activate does not report requested secrets
   registry::TaskStore* tasks = nullptr;  // null: store.verify does not check tasks
   DiskThread* checks = nullptr;          // large arguments are validated there (null: inline)
+  const store::Store* store = nullptr;   // null: store.verify does not check the pages
 };
 
 void registerToolMethods(MethodTable& methods, ToolServices services);

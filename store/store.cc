@@ -345,6 +345,7 @@ struct Store::Init {
   UniqueFd lockFd;
   std::vector<std::string> tableNames;
   std::vector<unsigned> dbis;
+  std::function<std::optional<std::string>(const std::filesystem::path&)> checkPages;
 };
 
 boost::system::result<StorePtr, OpenError> Store::open(Options options) {
@@ -415,6 +416,17 @@ boost::system::result<StorePtr, OpenError> Store::open(Options options) {
                                    "but its pages in use take {}; restore it from a backup",
                                    db.string(), size, used));
     }
+    // A damaged page would kill this process at the first read that reaches it: every page is
+    // read first, by a process that may die of it (a file LMDB just made has nothing to check).
+    if (options.checkPages && size > 2 * std::uint64_t{envStat.ms_psize}) {
+      if (auto damage = options.checkPages(db)) {
+        return openError(StoreErrc::corrupt,
+                         fmt::format("the state database {} is damaged: {}; restore db/ from a "
+                                     "backup (mdb_dump, from lmdb-utils, may copy out what can "
+                                     "still be read)",
+                                     db.string(), *damage));
+      }
+    }
   }
 
   // Reader slots left by a process that died inside a read transaction would pin old pages and
@@ -480,8 +492,10 @@ boost::system::result<StorePtr, OpenError> Store::open(Options options) {
 
   spdlog::info("store: opened {} (schema version {}, map size {} MiB, {} tables)", db.string(),
                kSchemaVersion, options.mapSizeMb, options.tables.size());
-  Init init{stateDir,           options.mapSizeMb,         kSchemaVersion, std::move(env),
-            std::move(*lockFd), std::move(options.tables), std::move(dbis)};
+  Init init{stateDir,           options.mapSizeMb,
+            kSchemaVersion,     std::move(env),
+            std::move(*lockFd), std::move(options.tables),
+            std::move(dbis),    std::move(options.checkPages)};
   return StorePtr(new Store(std::move(init)));
 }
 
@@ -493,7 +507,13 @@ Store::Store(Init&& init)
       env_(init.env.release()),
       lockFd_(init.lockFd.release()),
       tableNames_(std::move(init.tableNames)),
-      dbis_(std::move(init.dbis)) {}
+      dbis_(std::move(init.dbis)),
+      checkPages_(std::move(init.checkPages)) {}
+
+std::optional<std::string> Store::checkPages() const {
+  if (!checkPages_) return std::nullopt;
+  return checkPages_(databasePath());
+}
 
 Store::~Store() {
   // The environment closes before the lock goes, so the next owner never overlaps with us.

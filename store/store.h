@@ -86,6 +86,11 @@ struct Options {
   std::size_t mapSizeMb = 1024;     // config: [store] map_size_mb
   unsigned maxTables = 64;          // LMDB maxdbs; must exceed tables.size()
   unsigned maxReaders = 126;        // LMDB maxreaders: concurrent read transactions
+  // Checks every page of the database (page_check.h runs it in a child process), given the LMDB
+  // directory: a sentence saying what is damaged, or nothing. open() calls it before anything
+  // reads a table, once the data file holds something, and refuses a damaged database
+  // (StoreErrc::corrupt); checkPages() calls it again. Unset: no check.
+  std::function<std::optional<std::string>(const std::filesystem::path& db)> checkPages;
 };
 
 // Why open() failed: the code to branch on, and a sentence for the user that names the path and
@@ -290,6 +295,10 @@ class Store {
 
   boost::system::result<Stats> stats() const;
 
+  // Options::checkPages on this database now (it sees the last committed state): what is
+  // damaged, or nothing (also when no check was given). Blocks for as long as the walk takes.
+  std::optional<std::string> checkPages() const;
+
   // ec's message with this store's details: the map size for mapFull, the path for disk errors.
   std::string describe(const boost::system::error_code& ec) const;
 
@@ -322,6 +331,7 @@ class Store {
   // process before they reach it.
   std::mutex writeMutex_;
   std::atomic<bool> writesFull_{false};  // Stats::writesFull
+  std::function<std::optional<std::string>(const std::filesystem::path&)> checkPages_;
 };
 
 template <class F>

@@ -534,6 +534,88 @@ TEST_CASE("the state store opens with the daemon and a second daemon on it is re
 
 namespace {
 
+// Installs and activates a tool named `name`; returns its revision, the key of its manifest.
+std::string installAndActivate(RawClient& client, const std::string& name) {
+  client.send(
+      R"({"jsonrpc":"2.0","id":1,"method":"tools.install","params":{"manifest":{"name":")" + name +
+      R"(","description":"d","parameters":{"type":"object"},"execution":{"class":)"
+      R"("sandboxed-code","runtime":"javascript","source":"export default async () => 1"}}}})"
+      "\n");
+  auto installed = client.readJson().as_object();
+  REQUIRE(installed.contains("result"));
+  auto activated = client.call(
+      "tools.activate",
+      json::object{{"name", name}, {"revision", installed.at("result").at("revision")}}, 2);
+  REQUIRE(activated.contains("result"));
+  return std::string(installed.at("result").at("revision").as_string());
+}
+
+// Damages data.mdb as a disk error could: every leaf node whose key is `key` is made to claim a
+// value of 2 GiB, which LMDB hands out as it is (it keeps no checksums), pointing far past the
+// end of the file. Returns how many nodes it changed.
+int damageNodesKeyed(const fs::path& dataFile, const std::string& key) {
+  std::fstream file(dataFile, std::ios::in | std::ios::out | std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  constexpr std::size_t kPage = 4096, kHeader = 16, kNodeHeader = 8;
+  auto u16 = [&](std::size_t at) {
+    return static_cast<unsigned>(static_cast<unsigned char>(bytes[at])) |
+           static_cast<unsigned>(static_cast<unsigned char>(bytes[at + 1])) << 8U;
+  };
+  int damaged = 0;
+  for (auto at = bytes.find(key); at != std::string::npos; at = bytes.find(key, at + 1)) {
+    const std::size_t page = at - at % kPage;
+    // A node: its header (data size low and high, flags, key size) just before the key, on a
+    // leaf page (page flags at byte 10: P_LEAF = 0x02).
+    if (at < page + kHeader + kNodeHeader || (u16(page + 10) & 0x02U) == 0) continue;
+    const std::size_t node = at - kNodeHeader;
+    if (u16(node + 6) != key.size() || u16(node + 4) != 0) continue;
+    const char huge[4] = {'\xff', '\xff', '\xff', '\x7f'};
+    file.seekp(static_cast<std::streamoff>(node));
+    file.write(huge, sizeof huge);
+    ++damaged;
+  }
+  file.flush();
+  return damaged;
+}
+
+}  // namespace
+
+TEST_CASE("a damaged page of the state database is found by a child, not by the daemon dying",
+          "[e2e][daemon][store]") {
+  auto daemon = DaemonProcess::start();
+  std::string revision;
+  {
+    RawClient client(daemon->socket());
+    revision = installAndActivate(client, "damaged");
+    auto verify = client.call("store.verify").at("result");
+    CHECK(verify.at("ok") == true);
+  }
+
+  SECTION("while it runs, store.verify reports it and the daemon lives on") {
+    // store.verify hashes every manifest: in the daemon, hashing this one would read past the
+    // end of the file and kill it (SIGBUS).
+    REQUIRE(damageNodesKeyed(daemon->stateDir() / "db" / "data.mdb", revision) > 0);
+    RawClient client(daemon->socket());
+    auto verify = client.call("store.verify").at("result");
+    CHECK(verify.at("ok") == false);
+    REQUIRE(verify.at("problems").as_array().size() == 1);
+    CHECK_THAT(std::string(verify.at("problems").at(0).as_string()),
+               Catch::Contains("database pages") && Catch::Contains("table tool_manifests") &&
+                   Catch::Contains("outside the database's pages"));
+    CHECK(client.call("ping").contains("result"));
+    CHECK(daemon->running());
+  }
+  SECTION("at start, the daemon refuses it and says what to do") {
+    REQUIRE(daemon->stop() == 0);
+    REQUIRE(damageNodesKeyed(daemon->stateDir() / "db" / "data.mdb", revision) > 0);
+    DaemonOptions again;
+    again.stateDir = daemon->stateDir();
+    checkStartRefused(again, "is damaged: table tool_manifests", "restore db/ from a backup");
+  }
+}
+
+namespace {
+
 // LMDB's writer lock is shared by every process that opens the environment: holding it here
 // makes the daemon's next write wait, as a slow or stalled disk would.
 class HeldWriterLock {

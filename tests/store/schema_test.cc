@@ -1,8 +1,11 @@
 #include <lmdb.h>
 
 #include <catch2/catch.hpp>
+#include <fstream>
+#include <iterator>
 #include <string>
 
+#include "store/page_check.h"
 #include "store/store.h"
 #include "tests/store/test_support.h"
 
@@ -198,4 +201,73 @@ TEST_CASE("a database made before the marker existed gets one, and a failed firs
   CHECK_FALSE(std::filesystem::exists(other.state() / "db.created"));
   std::filesystem::remove(other.state() / "db" / "data.mdb");
   CHECK(Store::open(options(other.state())).has_value());
+}
+
+TEST_CASE("the page check runs before any table is read, and what it reports refuses the store",
+          "[store][pages]") {
+  TempDir tmp;
+  int calls = 0;
+  std::optional<std::string> report;
+  auto withCheck = [&] {
+    auto opts = options(tmp.state());
+    opts.checkPages = [&](const std::filesystem::path& db) {
+      ++calls;
+      CHECK(db == std::filesystem::canonical(tmp.state()) / "db");
+      return report;
+    };
+    return opts;
+  };
+  {
+    // A database just made has nothing to check.
+    auto store = openOrFail(withCheck());
+    CHECK(calls == 0);
+    REQUIRE(store->write([&](WriteTxn& txn) -> boost::system::result<void> {
+      txn.put(store->table("items"), "big", std::string(100000, 'x'));  // overflow pages
+      return {};
+    }));
+    CHECK(store->checkPages() == std::nullopt);
+    CHECK(calls == 1);
+    // The walk itself, of a healthy database, finds nothing.
+    CHECK(walkDatabase(store->databasePath()).empty());
+  }
+  {
+    auto store = openOrFail(withCheck());
+    CHECK(calls == 2);
+  }
+  report = "table items: entry 1 points outside the database's pages";
+  auto refused = Store::open(withCheck());
+  REQUIRE(refused.has_error());
+  CHECK(calls == 3);
+  CHECK(refused.error().code == StoreErrc::corrupt);
+  CHECK_THAT(refused.error().message,
+             Catch::Contains("is damaged: table items: entry 1 points outside") &&
+                 Catch::Contains("restore db/ from a backup"));
+}
+
+TEST_CASE("the page walk reports a table whose record counts entries its pages do not hold",
+          "[store][pages]") {
+  TempDir tmp;
+  const auto db = tmp.state() / "db";
+  rawPut(db, "items", "a", "1");
+  rawPut(db, "items", "b", "2");
+  CHECK(walkDatabase(db).empty());
+  // A table record in the main table that counts more entries than its pages hold. The record
+  // is the MDB_db value under the table's name: pad (4 bytes), flags (2), depth (2), then branch,
+  // leaf and overflow page counts, entries and root (8 bytes each). In data.mdb the key "items"
+  // of the main table is followed by it; change every copy (the older ones are in free pages).
+  std::fstream file(db / "data.mdb", std::ios::in | std::ios::out | std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  int changed = 0;
+  for (auto at = bytes.find("items"); at != std::string::npos; at = bytes.find("items", at + 1)) {
+    const std::size_t entriesAt = at + 5 + 32;
+    if (entriesAt + 8 > bytes.size() || bytes[entriesAt] != 2) continue;
+    file.seekp(static_cast<std::streamoff>(entriesAt));
+    file.put(7);
+    ++changed;
+  }
+  file.close();
+  REQUIRE(changed > 0);
+  auto problems = walkDatabase(db);
+  REQUIRE(problems.size() == 1);
+  CHECK(problems[0] == "table items: its record says 7 entries, its pages hold 2");
 }

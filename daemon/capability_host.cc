@@ -163,6 +163,13 @@ json::value replyOf(policy::HttpResponse& response, const std::string& url) {
                       {"bodyBase64", base64Encode(response.body)}};
 }
 
+// The bytes of a request's header values and body: what substituting secrets changes.
+std::size_t requestBytes(const policy::HttpRequest& request) {
+  std::size_t total = request.body.size();
+  for (const auto& header : request.headers) total += header.second.size();
+  return total;
+}
+
 asio::awaitable<void> runFetch(FetchJob job) {
   HostOperation& operation = *job.operation;
   const std::string& path = job.request.destination.pathAndQuery;
@@ -189,6 +196,7 @@ asio::awaitable<void> runFetch(FetchJob job) {
 
   RequestRecord record{job.key, job.toolName, decision.scope, job.request.method, "", {}, {}, {}};
   // Secrets go in now, after authorization, and come out of the response before the tool sees it.
+  const std::size_t placed = requestBytes(job.request);
   auto secrets = substituteSecrets(job.services, job.toolName, job.key.toolRevision, job.request);
   if (!secrets) {
     auditRefusal(job.services.audit, job.key.toolRevision, job.toolName, job.key.action,
@@ -206,7 +214,11 @@ asio::awaitable<void> runFetch(FetchJob job) {
       secrets->values.push_back(std::move(value));
     }
   }
-  const auto limits = fetchLimits(*job.services.configs.current());
+  auto limits = fetchLimits(*job.services.configs.current());
+  // The request passed its size limits with the placeholders in it; what the values add is not
+  // held against it, or a tool could learn a value's length from where a request starts failing.
+  const std::size_t sent = requestBytes(job.request);
+  limits.secretBytes = sent > placed ? sent - placed : 0;
   const auto started = Clock::now();
   auto result = co_await job.services.http.fetch(std::move(job.request), limits, job.toolName);
   record.duration = since(started);

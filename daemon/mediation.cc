@@ -177,11 +177,19 @@ boost::system::result<SubstitutedSecrets, runtime::HostOpFailure> walkSecrets(
   const std::string& origin = request.destination.origin;
   // Per placeholder and placement: the index of its value in out.values (or 0 unrevealed).
   std::map<std::pair<std::string, Placement>, std::size_t> judged;
+  std::size_t placed = 0;  // placeholders in the request so far
   // Judges the placeholders in `text`; with reveal, writes it with values into `*target`.
   auto walk = [&](std::string_view text, std::string* target,
                   Placement placement) -> std::optional<runtime::HostOpFailure> {
     auto found = findPlaceholders(text);
     if (found.empty()) return std::nullopt;
+    placed += found.size();
+    if (placed > kMaxSecretPlaceholders) {
+      return runtime::HostOpFailure{
+          "request-too-large", "a request may carry at most " +
+                                   std::to_string(kMaxSecretPlaceholders) +
+                                   " secret placeholders; this one has more. Nothing was sent."};
+    }
     std::string replaced;
     std::size_t copied = 0;
     for (const auto& at : found) {

@@ -83,7 +83,9 @@ namespace toolhost::daemon {
 // Placeholders in the URL are refused; in a header value or the body, each must belong to the
 // calling revision and its secret must be granted to the destination origin (and, in the body,
 // allow bodies), or the request is refused with secret-not-allowed and nothing is sent. A header
-// or body without a placeholder is left as it is.
+// or body without a placeholder is left as it is. At most kMaxSecretPlaceholders placeholders in
+// one request (each may grow into a value of up to 1 MiB), else request-too-large.
+inline constexpr std::size_t kMaxSecretPlaceholders = 16;
 
 // Before authorization (no prompt for a request that could never be sent): the checks above,
 // against the secrets as stored now. No value is read.

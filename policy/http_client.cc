@@ -334,9 +334,13 @@ struct HttpClient::Tls {
 std::string_view defaultUserAgent() { return "toolhost/" TOOLHOST_VERSION; }
 
 bool isForbiddenRequestHeader(std::string_view name) {
-  if (startsWithIgnoreCase(name, "proxy-") || startsWithIgnoreCase(name, "sec-")) return true;
-  return std::any_of(kForbiddenHeaders.begin(), kForbiddenHeaders.end(),
-                     [&](std::string_view forbidden) { return equalsIgnoreCase(name, forbidden); });
+  // Servers that read headers through CGI-style variables see '-' and '_' as one character.
+  std::string folded(name);
+  std::replace(folded.begin(), folded.end(), '_', '-');
+  if (startsWithIgnoreCase(folded, "proxy-") || startsWithIgnoreCase(folded, "sec-")) return true;
+  return std::any_of(
+      kForbiddenHeaders.begin(), kForbiddenHeaders.end(),
+      [&](std::string_view forbidden) { return equalsIgnoreCase(folded, forbidden); });
 }
 
 boost::system::result<void, FetchError> checkRequest(const HttpRequest& request,
@@ -418,12 +422,12 @@ boost::system::result<void, FetchError> checkRequest(const HttpRequest& request,
     }
     headerBytes += name.size() + value.size() + 4;  // ": " and CRLF
   }
-  if (headerBytes > kMaxRequestHeaderBytes) {
+  if (headerBytes > kMaxRequestHeaderBytes + limits.secretBytes) {
     return FetchError{FetchErrc::requestTooLarge, "The request headers take " + bytes(headerBytes) +
                                                       "; at most " + bytes(kMaxRequestHeaderBytes) +
                                                       " are sent."};
   }
-  if (request.body.size() > limits.maxRequestBodyBytes) {
+  if (request.body.size() > limits.maxRequestBodyBytes + limits.secretBytes) {
     return FetchError{FetchErrc::requestTooLarge,
                       "The request body has " + bytes(request.body.size()) + "; the limit is " +
                           bytes(limits.maxRequestBodyBytes) + "."};

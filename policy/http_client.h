@@ -95,10 +95,16 @@ struct FetchLimits {
   // cannot take the room of all others.
   std::size_t maxOwnerBufferedBytes = std::size_t{64} << 20;
   std::chrono::milliseconds timeout{30000};  // DNS, connect, TLS, request and response together
+  // Bytes the daemon's secrets added to the headers or the body after the tool's request passed
+  // checkRequest() with its placeholders: allowed beyond the header and body limits, so that a
+  // secret's length never decides whether a request fails (a tool could measure it so).
+  std::size_t secretBytes = 0;
 };
 
 // Request headers the tool may not set, because the daemon owns them or because they would carry
-// what the daemon never sends. Case-insensitive; "proxy-" and "sec-" are prefixes.
+// what the daemon never sends. Case-insensitive, and '_' counts as '-' (CGI, WSGI and PHP
+// servers read X_HTTP_METHOD_OVERRIDE as X-HTTP-Method-Override); "proxy-" and "sec-" are
+// prefixes.
 //   framing and connection: host, content-length, transfer-encoding, te, trailer, connection,
 //     keep-alive, upgrade, expect, http2-settings
 //   content coding: accept-encoding (the daemon asks for identity: bodies are returned as sent)

@@ -58,9 +58,10 @@ json::object fetchEntry(const std::string& origin) {
 
 // Two origins, both decided ahead: a refusal can only come from the secret's grant.
 struct Setup {
-  Setup() : granted(options()), other(options()) {
+  // `fetchMore`: more lines of the config's [fetch] section.
+  explicit Setup(std::string_view fetchMore = "") : granted(options()), other(options()) {
     DaemonOptions daemonOptions;
-    daemonOptions.configToml = fetchConfig(granted);
+    daemonOptions.configToml = fetchConfig(granted, fetchMore);
     daemon = DaemonProcess::start(daemonOptions);
     admin.emplace(daemon->socket());
   }
@@ -285,6 +286,59 @@ TEST_CASE("secrets: a value sent trimmed is redacted too and Content-Length foll
     if (header.as_array()[0] == "content-length") length = text(header.as_array()[1]);
   }
   CHECK(length == std::to_string(text(sent.at("text")).size()));
+}
+
+TEST_CASE("secrets: a value's length never decides whether a request fails, at most 16 go in one",
+          "[e2e][secrets]") {
+  Setup s("max_request_bytes = 1000\n");
+  // Pads the headers (and, with args.body, the body) to args.total bytes as the tool wrote them,
+  // placeholder included; args.copies more headers carry the placeholder too.
+  constexpr std::string_view kPadded = R"js(
+export default async (args, ctx) => {
+  const key = await ctx.secret('api_key');
+  const headers = [['Authorization', 'Bearer ' + key]];
+  for (let i = 0; i < (args.copies ?? 0); ++i) headers.push(['X-Copy-' + i, key]);
+  const used = headers.reduce((n, [name, value]) => n + name.length + value.length + 4, 0);
+  const init = { method: args.body ? 'POST' : 'GET', headers };
+  if (args.body) init.body = key + 'b'.repeat(args.total - key.length);
+  else headers.push(['X-Pad', 'p'.repeat(args.total - used - 'X-Pad'.length - 4)]);
+  try {
+    const r = await fetch(args.url, init);
+    const echo = JSON.parse(await r.text());
+    return { status: r.status, bodyBytes: echo.body.length };
+  } catch (e) {
+    return { code: e.code, message: String(e.message) };
+  }
+}
+)js";
+  auto revision = deploy(*s.admin, jsTool("padded", kPadded, s.capabilities()));
+  decideAhead(*s.admin, revision, "fetch", s.granted.origin(), "read");
+  decideAhead(*s.admin, revision, "fetch", s.granted.origin(), "write");
+  // Longer than the placeholder: before, the headers at the limit failed, and the message gave
+  // the value's length.
+  const std::string value(3000, 'v');
+  s.setSecret(json::object{{"tool", "padded"}, {"value", value}, {"allowBody", true}});
+  const auto url = s.granted.url("/echo");
+  for (const bool body : {false, true}) {
+    INFO("in the body: " << body);
+    const int limit = body ? 1000 : 65536;
+    auto atLimit = s.run("padded", json::object{{"url", url}, {"total", limit}, {"body", body}});
+    INFO(json::serialize(atLimit));
+    CHECK(atLimit.at("status") == 200);
+    if (body) CHECK(atLimit.at("bodyBytes").as_int64() == limit - 48 + 10);  // "[redacted]"
+    // One byte more, whatever the value: refused, and the message names only the tool's bytes.
+    auto over = s.run("padded", json::object{{"url", url}, {"total", limit + 1}, {"body", body}});
+    CHECK(codeOf(over) == "request-too-large");
+    CHECK_THAT(text(over.at("message")), Catch::Contains(std::to_string(limit + 1)));
+  }
+  // 16 placeholders go in; a 17th is refused before anything is sent.
+  auto sixteen = s.run("padded", json::object{{"url", url}, {"total", 60000}, {"copies", 15}});
+  CHECK(sixteen.at("status") == 200);
+  const auto served = s.granted.totalRequests();
+  auto seventeen = s.run("padded", json::object{{"url", url}, {"total", 60000}, {"copies", 16}});
+  CHECK(codeOf(seventeen) == "request-too-large");
+  CHECK_THAT(text(seventeen.at("message")), Catch::Contains("at most 16 secret placeholders"));
+  CHECK(s.granted.totalRequests() == served);
 }
 
 TEST_CASE("secrets: returning, throwing or logging the placeholder gives only the placeholder",

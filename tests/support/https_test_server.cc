@@ -186,6 +186,8 @@ asio::awaitable<void> HttpsTestServer::Impl::serve(tcp::socket socket) {
     for (;;) {
       http::request_parser<http::string_body> parser;
       parser.body_limit(kMaxRequestBody);
+      // Room for what the daemon may send: 64 KiB of the tool's headers and what secrets add.
+      parser.header_limit(1U << 20);
       auto [readError, read] =
           co_await http::async_read(stream, buffer, parser, asio::as_tuple(asio::use_awaitable));
       if (readError) break;  // the client closed, or sent something that is not HTTP

@@ -844,6 +844,7 @@ TEST_CASE(
                                  "text"});
   Child daemon(command, {}, dir.path() / "log");
   REQUIRE(eventually([&] { return isListening(socket); }));
+  boost::json::value revision;
   {
     RawClient client(socket);
     CHECK(client.call("ping").contains("result"));
@@ -856,6 +857,7 @@ TEST_CASE(
     auto installed = client.call("tools.install", manifest, 4);
     INFO(toolhost::protocol::writeJson(installed));
     REQUIRE(installed.contains("result"));
+    revision = installed.at("result").at("revision");
     auto called = client.call(
         "tools.call",
         boost::json::object{{"revision", installed.at("result").at("revision")},
@@ -874,6 +876,22 @@ TEST_CASE(
   INFO(daemon.log());
   CHECK(stopped == 0);
   CHECK(notify.waitFor("STOPPING=1"));
+
+  // Started again on the state it left, under the same filter: the page check of the database
+  // (a child process) runs first and passes, and the tool is still there.
+  {
+    Child again(command, {}, dir.path() / "log2");
+    REQUIRE(eventually([&] { return isListening(socket); }));
+    RawClient client(socket);
+    auto called = client.call(
+        "tools.call",
+        boost::json::object{{"revision", revision}, {"arguments", boost::json::object{{"n", 3}}}},
+        6);
+    INFO(toolhost::protocol::writeJson(called) << "\n" << again.log());
+    REQUIRE(called.contains("result"));
+    CHECK(called.at("result").at("result") == 9);
+    CHECK(again.stop() == 0);
+  }
 
   // With [runtime] jit = true under MemoryDenyWriteExecute=, the daemon says so and stops.
   auto jitConfig = dir.path() / "jit.toml";

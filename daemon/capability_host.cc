@@ -358,7 +358,8 @@ boost::system::result<json::array, std::string> DaemonCapabilityHost::createSubt
   if (const auto* task = invocation.if_contains("taskId"); task && task->is_string()) {
     parentId = std::string(task->get_string());
   }
-  auto compiled = services_.tasks.compile(drafts.as_array(), parentId);
+  auto compiled =
+      services_.tasks.compile(drafts.as_array(), parentId, registry::TaskStore::DraftSource::tool);
   if (!compiled) return compiled.error().detail;
   return std::move(*compiled);
 }

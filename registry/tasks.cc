@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <array>
 #include <map>
+#include <set>
 #include <unordered_map>
 #include <utility>
 
@@ -518,8 +519,62 @@ std::optional<RegistryError> checkBindingTarget(Registry& registry, const json::
 
 }  // namespace
 
+namespace {
+
+// The rules for drafts a tool made (see DraftSource::tool), checked after checkShape.
+// `visible`: the lineage's definitions in scope, by name.
+std::optional<RegistryError> checkToolDraft(Registry& registry, const json::object& draft,
+                                            const std::string& where, const auto& visible,
+                                            const std::set<std::string>& batchCalls) {
+  const std::string kind = stringAt(draft, "kind");
+  const std::string role = stringAt(draft, "role");
+  const bool assistant = role == "assistant";
+  if (kind == task_kind::kToolResult       ? role != "tool"
+      : kind == task_kind::kToolDefinition ? !assistant && role != "tool"
+                                           : !assistant) {
+    return invalid(where + ".role: a task a tool makes speaks as the assistant or a tool, not " +
+                   shown(role) + " (" + kind +
+                   (kind == task_kind::kToolResult ? ": \"tool\")" : ": \"assistant\")"));
+  }
+  if (kind == task_kind::kToolResult && !batchCalls.contains(stringAt(draft, "callId"))) {
+    return invalid(where + ".callId: a tool's result answers only a functioncall drafted earlier " +
+                   "in the same subtasks, not " + stringAt(draft, "callId"));
+  }
+  if (kind == task_kind::kToolDefinition) {
+    const json::object& definition = objectAt(draft, "definition");
+    const std::string name = stringAt(definition, "name");
+    bool bound = visible.contains(name);
+    if (!bound) {
+      auto active = registry.getActive(name);
+      if (active) {
+        bound = true;
+      } else if (active.error().code != RegistryErrc::notFound) {
+        return active.error();
+      }
+    }
+    if (bound) {
+      return invalid(where + ".definition.name: " + shown(name) +
+                     " is already a tool here; a tool's subtasks may add tools, not replace one");
+    }
+    const json::object& implementation = objectAt(definition, "implementation");
+    if (stringMember(implementation, "type") == "binding") {
+      auto target = registry.getRevision(stringAt(implementation, "targetRevision"));
+      if (!target) return target.error();
+      if ((*target)->name != name) {
+        return invalid(where + ".definition.implementation.targetRevision: a revision of " +
+                       shown((*target)->name) + ", not of " + shown(name) +
+                       "; a tool's subtasks may bind a name only to a revision of that name");
+      }
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
 Result<json::array> TaskStore::compile(const json::array& drafts,
-                                       const std::optional<std::string>& parentId) {
+                                       const std::optional<std::string>& parentId,
+                                       DraftSource source) {
   if (drafts.empty()) return invalid("drafts: nothing to compile");
   if (drafts.size() > limits_.maxBatch) {
     return invalid("drafts: " + std::to_string(drafts.size()) + " drafts; the limit is " +
@@ -552,6 +607,7 @@ Result<json::array> TaskStore::compile(const json::array& drafts,
   auto visible = std::move(stored.definitions);
   auto ancestors = std::move(stored.ancestors);
   std::optional<std::string> previous = parentId;
+  std::set<std::string> batchCalls;  // ids of the function calls drafted in this batch
   json::array out;
   out.reserve(drafts.size());
   for (std::size_t i = 0; i < drafts.size(); ++i) {
@@ -567,6 +623,9 @@ Result<json::array> TaskStore::compile(const json::array& drafts,
                      "(pass the parent of the first draft as the parentId param)");
     }
     if (auto e = checkShape(*draft, Mode::draft, where, limits_)) return *e;
+    if (source == DraftSource::tool) {
+      if (auto e = checkToolDraft(registry_, *draft, where, visible, batchCalls)) return *e;
+    }
 
     const std::string kind = stringAt(*draft, "kind");
     json::object task;
@@ -628,6 +687,7 @@ Result<json::array> TaskStore::compile(const json::array& drafts,
 
     auto hashed = hashTask(task, where, limits_);
     if (!hashed) return hashed.error();
+    if (kind == task_kind::kFunctionCall) batchCalls.insert(hashed->id);
     Ancestor self = describeTask(task);
     if (self.definition) visible.insert_or_assign(self.name, Visible{hashed->id, *self.definition});
     ancestors.insert_or_assign(hashed->id, std::move(self));

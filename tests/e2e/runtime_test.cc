@@ -262,14 +262,16 @@ TEST_CASE("capabilities: policy-gated ones refuse, subtasks go through the core"
   auto gated = resultOf(call(client, "gated"));
   for (const auto& code : gated.as_array()) CHECK(code == "not-authorized");
 
-  auto planner = jsTool("planner",
-                        "export default async (args, ctx) => {\n"
-                        "  const target = await ctx.resolveInvocation('echo');\n"
-                        "  const tasks = await ctx.createSubtasksResult([\n"
-                        "    { kind: 'message', role: 'user', content: 'hello' },\n"
-                        "    { kind: 'functioncall', role: 'assistant', call: { name: 'echo', arguments: { a: 1 } } }]);\n"
-                        "  return { target, ids: tasks.map((t) => t.id), pinned: tasks[1].call.toolRevision };\n"
-                        "}");
+  auto planner = jsTool(
+      "planner",
+      "export default async (args, ctx) => {\n"
+      "  const target = await ctx.resolveInvocation('echo');\n"
+      "  const tasks = await ctx.createSubtasksResult([\n"
+      "    { kind: 'message', role: 'assistant', content: 'hello' },\n"
+      "    { kind: 'functioncall', role: 'assistant', call: { name: 'echo', arguments: { a: 1 } } "
+      "}]);\n"
+      "  return { target, ids: tasks.map((t) => t.id), pinned: tasks[1].call.toolRevision };\n"
+      "}");
   planner["capabilities"] = json::object{{"subtasks", true}};
   deploy(client, planner);
   auto planned = resultOf(call(client, "planner"));

@@ -224,7 +224,14 @@ boost::system::result<SecretsHost::Use, HostOpFailure> SecretsHost::use(
                                                    " was deleted while the request was being "
                                                    "authorized; nothing was sent"};
     }
-    // Judge the grant the value was stored with, not the one read a moment before.
+    // Judge the grant the value was stored with, not the one read a moment before: an earlier
+    // revision's row that stopped carrying meanwhile is not this revision's any more.
+    if ((*revealed)->record.revision != revision && !(*revealed)->record.carry) {
+      return HostOpFailure{"secret-not-found", "the secret " + name +
+                                                   " stopped carrying to this revision while the "
+                                                   "request was being authorized; nothing was "
+                                                   "sent"};
+    }
     record = std::move((*revealed)->record);
     out.value = std::move((*revealed)->value);
   }

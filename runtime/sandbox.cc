@@ -307,6 +307,8 @@ void Sandbox::beginCall(std::shared_ptr<CallState> call) {
   allocator_->resetPeak();
   usedHeapAfterSegment_.reset();
   result_.reset();
+  failing_ = false;
+  failure_.reset();
 }
 
 Sandbox::Step Sandbox::start(const json::object& arguments) {
@@ -346,8 +348,7 @@ Sandbox::Step Sandbox::start(const json::object& arguments) {
              ->Call(js.context, v8::Undefined(js.isolate), 2, argv)
              .ToLocal(&returned)) {
       if (tryCatch.HasTerminated()) return Step{};
-      return Step{Progress::failed,
-                  thrown(js, tryCatch.Exception(), CallErrc::toolThrew, "the tool threw")};
+      return failWith(js, tryCatch.Exception(), "the tool threw");
     }
     if (returned->IsPromise()) {
       promise_.Reset(js.isolate, returned.As<v8::Promise>());
@@ -398,18 +399,25 @@ Sandbox::Step Sandbox::resume() {
 
 Sandbox::Step Sandbox::inspect(JsScope& js) {
   if (kill() != Kill::none) return Step{};
+  if (failure_) return Step{Progress::failed, failure_};
   if (promise_.IsEmpty()) return Step{Progress::settled, {}};
   v8::Local<v8::Promise> promise = promise_.Get(js.isolate);
   switch (promise->State()) {
     case v8::Promise::kPending:
       return Step{Progress::pending, {}};
     case v8::Promise::kRejected:
-      return Step{Progress::failed, thrown(js, promise->Result(), CallErrc::toolThrew,
-                                           "the tool's promise rejected")};
+      return failWith(js, promise->Result(), "the tool's promise rejected");
     case v8::Promise::kFulfilled:
       break;
   }
   return Step{Progress::settled, {}};
+}
+
+Sandbox::Step Sandbox::failWith(JsScope& js, v8::Local<v8::Value> exception,
+                                const std::string& what) {
+  failing_ = true;
+  failure_ = thrown(js, exception, CallErrc::toolThrew, what);
+  return Step{Progress::failed, failure_};
 }
 
 Sandbox::Step Sandbox::inspectAndConvert(JsScope& js) {
@@ -480,7 +488,7 @@ void Sandbox::endCall() {
 
 Sandbox::HostOpStart Sandbox::startHostOp(v8::Local<v8::Promise::Resolver> resolver, ReplyKind kind,
                                           StartOp start, std::size_t requestBytes) {
-  if (!call_ || call_->ended || !call_->post) return HostOpStart::callEnded;
+  if (!call_ || call_->ended || !call_->post || failing_) return HostOpStart::callEnded;
   if (call_->outstandingOps >= kMaxOutstandingOps) return HostOpStart::tooMany;
   if (requestBytes > kMaxOutstandingRequestBytes - call_->outstandingRequestBytes) {
     return HostOpStart::tooLarge;

@@ -129,7 +129,12 @@ class Sandbox {
                                                   v8::Local<v8::String> specifier,
                                                   v8::Local<v8::FixedArray> assertions,
                                                   v8::Local<v8::Module> referrer);
+  // The call's state after its last segment. A rejection is described once (its getters run
+  // once), and its description kept: each later segment would otherwise run them again.
   Step inspect(JsScope& js);
+  // The call failed with `exception`: describes it (with failing_ set, so that what its getters
+  // start is refused) and keeps the description in failure_.
+  Step failWith(JsScope& js, v8::Local<v8::Value> exception, const std::string& what);
   // inspect(), and the settled value's conversion when nothing remains for the call to wait for.
   Step inspectAndConvert(JsScope& js);
   Result convert(JsScope& js);
@@ -156,6 +161,10 @@ class Sandbox {
   // them, so the heap is the same). Reset by beginCall.
   std::optional<std::size_t> usedHeapAfterSegment_;
   std::optional<Result> result_;  // converted by the segment that saw the call settle
+  // The call failed (the tool threw, or its promise rejected): no host operation starts from
+  // then on, and failure_ is its outcome, whatever ran since.
+  bool failing_ = false;
+  std::optional<CallError> failure_;
 
   v8::Global<v8::Context> context_;
   v8::Global<v8::Function> main_;  // the default export, once the module evaluated

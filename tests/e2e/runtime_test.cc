@@ -166,6 +166,44 @@ TEST_CASE("limits and failures become distinct JSON-RPC errors, the daemon survi
   CHECK(daemon->running());
 }
 
+TEST_CASE("a failed call is described once: what its error's getters start is refused",
+          "[e2e][runtime]") {
+  auto daemon = DaemonProcess::start();
+  RawClient client(daemon->socket());
+  // Each description of the error reads its message, whose getter writes storage. Described on
+  // every later segment, the call kept itself alive with those writes until its wall clock.
+  const std::string failing =
+      "  const e = new Error('boom');\n"
+      "  Object.defineProperty(e, 'message', { get() { k++; ctx.storage.set('count', k); return "
+      "'boom'; } });\n"
+      "  throw e;\n"
+      "};\n";
+  // A promise that rejects, and a throw before there is any promise.
+  const std::map<std::string, std::string> sources{
+      {"rejects",
+       "let k = 0;\n"
+       "export default async (args, ctx) => {\n"
+       "  if (args.read) return (await ctx.storage.get('count')) ?? 'nothing written';\n" +
+           failing},
+      {"throws",
+       "let k = 0;\n"
+       "export default (args, ctx) => {\n"
+       "  if (args.read) return ctx.storage.get('count').then((v) => v ?? 'nothing written');\n" +
+           failing}};
+  auto extra = json::object{{"capabilities", json::object{{"storage", true}}},
+                            {"limits", json::object{{"wallMs", 20000}}}};
+  for (const auto& [kind, code] : sources) {
+    INFO(kind);
+    deploy(client, jsTool("getter-" + kind, code, extra));
+    // Tool-threw at once, not a timeout at the wall clock.
+    auto failed = call(client, "getter-" + kind);
+    CHECK(errorCode(failed) == -32008);
+    CHECK(failed.at("error").at("data").at("toolError").at("message") == "boom");
+    CHECK(resultOf(call(client, "getter-" + kind, json::object{{"read", true}})) ==
+          "nothing written");
+  }
+}
+
 TEST_CASE("$/cancelRequest and a closed connection cancel a running call", "[e2e][runtime]") {
   auto daemon = DaemonProcess::start();
   RawClient client(daemon->socket());

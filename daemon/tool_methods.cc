@@ -373,16 +373,27 @@ void registerToolMethods(MethodTable& methods, ToolServices services) {
       RoleSet{Role::admin},
       {},
       schema(R"({"type":"object","required":["ok","problems"]})"),
-      [&registry, &disk, tasks = services.tasks, store = services.store](
+      [&registry, &disk, tasks = services.tasks, store = services.store, checks = services.checks](
           CallContext&, json::object) -> asio::awaitable<MethodResult> {
+        // Damaged pages first: the walks below would follow them and could kill the daemon. The
+        // walk (a child process) waits on the checks' thread, so that writes go on meanwhile.
+        if (store != nullptr) {
+          DiskThread& walker = checks != nullptr ? *checks : disk;
+          auto failed = co_await walker.run([&] { return store->checkPages(); });
+          if (failed && !failed->damaged) {
+            co_return toRpcError(registry::RegistryError{
+                registry::RegistryErrc::storage,
+                "cannot check the database's pages, so nothing else was checked: " + failed->text});
+          }
+          if (failed) {
+            spdlog::error("store.verify: the state database {} is damaged: {}",
+                          store->databasePath().string(), failed->text);
+            co_return json::value(json::object{
+                {"ok", false}, {"problems", json::array{"database pages: " + failed->text}}});
+          }
+        }
         // Re-hashes everything stored: a long read, kept off the I/O threads.
         auto problems = co_await disk.run([&]() -> registry::Result<std::vector<std::string>> {
-          // Damaged pages first: the walks below would follow them and could kill the daemon.
-          if (auto damage = store != nullptr ? store->checkPages() : std::nullopt) {
-            spdlog::error("store.verify: the state database {} is damaged: {}",
-                          store->databasePath().string(), *damage);
-            return std::vector<std::string>{"database pages: " + *damage};
-          }
           auto found = registry.verifyAll();
           if (!found || tasks == nullptr) return found;
           auto ofTasks = tasks->verifyAll();

@@ -18,6 +18,7 @@
 #include <cstring>
 #include <fstream>
 #include <memory>
+#include <stdexcept>
 #include <string_view>
 
 extern char** environ;
@@ -59,13 +60,22 @@ class Walk {
 
   std::vector<std::string> run() {
     MDB_env* rawEnv = nullptr;
-    if (int rc = mdb_env_create(&rawEnv)) return fail("cannot create an environment", rc);
+    if (int rc = mdb_env_create(&rawEnv)) throw std::runtime_error(mdb_strerror(rc));
     std::unique_ptr<MDB_env, EnvCloser> env(rawEnv);
     // Room for every table a damaged main table might name; the daemon uses far fewer.
     mdb_env_set_maxdbs(env.get(), 4096);
     if (int rc = mdb_env_open(env.get(), db_.c_str(), MDB_RDONLY | MDB_NOTLS, 0600)) {
-      return fail("cannot open it", rc);
+      // A meta page LMDB does not recognize is damage; anything else stops the check.
+      if (rc == MDB_INVALID || rc == MDB_VERSION_MISMATCH) return fail("cannot open it", rc);
+      throw std::runtime_error(std::string("cannot open it: ") + mdb_strerror(rc));
     }
+    // The snapshot first, then the bounds: a commit made in between (the daemon keeps writing)
+    // can only move the last page and the file's end further, never before the snapshot's pages.
+    MDB_txn* rawTxn = nullptr;
+    if (int rc = mdb_txn_begin(env.get(), nullptr, MDB_RDONLY, &rawTxn)) {
+      throw std::runtime_error(std::string("cannot begin a read: ") + mdb_strerror(rc));
+    }
+    std::unique_ptr<MDB_txn, TxnAborter> txn(rawTxn);
     MDB_envinfo info{};
     MDB_stat envStat{};
     if (int rc = mdb_env_info(env.get(), &info)) return fail("cannot read its meta page", rc);
@@ -75,7 +85,7 @@ class Walk {
     std::error_code error;
     const auto file = std::filesystem::canonical(db_ / "data.mdb", error);
     const auto size = error ? 0 : std::filesystem::file_size(file, error);
-    if (error) return fail("cannot read the size of data.mdb", 0, error.message());
+    if (error) throw std::runtime_error("cannot read the size of data.mdb: " + error.message());
     if (size < used) {
       return fail(fmt::format("data.mdb holds {} bytes, but its pages in use take {}", size, used));
     }
@@ -85,11 +95,6 @@ class Walk {
       end_ = std::min<std::uintptr_t>(end, start + used);
     }
 
-    MDB_txn* rawTxn = nullptr;
-    if (int rc = mdb_txn_begin(env.get(), nullptr, MDB_RDONLY, &rawTxn)) {
-      return fail("cannot begin a read", rc);
-    }
-    std::unique_ptr<MDB_txn, TxnAborter> txn(rawTxn);
     walkFreeList(txn.get());
     MDB_dbi main = 0;
     if (int rc = mdb_dbi_open(txn.get(), nullptr, 0, &main)) return fail("no main table", rc);
@@ -117,8 +122,8 @@ class Walk {
   }
 
  private:
-  std::vector<std::string> fail(const std::string& what, int rc = 0, const std::string& why = "") {
-    problem(rc != 0 ? what + ": " + mdb_strerror(rc) : why.empty() ? what : what + ": " + why);
+  std::vector<std::string> fail(const std::string& what, int rc = 0) {
+    problem(rc != 0 ? what + ": " + mdb_strerror(rc) : what);
     return std::move(problems_);
   }
 
@@ -252,11 +257,12 @@ int runPageCheck(int argc, char** argv) {
   }
 }
 
-std::optional<std::string> checkInChild(const PageCheckLaunch& launch,
-                                        const std::filesystem::path& db) {
+std::optional<PageCheckFailure> checkInChild(const PageCheckLaunch& launch,
+                                             const std::filesystem::path& db) {
+  auto failed = [](std::string text) { return PageCheckFailure{false, std::move(text)}; };
   int output[2] = {-1, -1};
   if (::pipe2(output, O_CLOEXEC) != 0) {
-    return std::string("cannot make a pipe for the check: ") + std::strerror(errno);
+    return failed(std::string("cannot make a pipe for the check: ") + std::strerror(errno));
   }
   posix_spawn_file_actions_t actions;
   posix_spawnattr_t attributes;
@@ -286,7 +292,7 @@ std::optional<std::string> checkInChild(const PageCheckLaunch& launch,
   ::close(output[1]);
   if (error != 0) {
     ::close(output[0]);
-    return "cannot run the check (" + launch.executable + "): " + std::strerror(error);
+    return failed("cannot run the check (" + launch.executable + "): " + std::strerror(error));
   }
 
   // Its report, until it closes its end or the time is up.
@@ -317,17 +323,23 @@ std::optional<std::string> checkInChild(const PageCheckLaunch& launch,
   while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
   if (timedOut) {
-    return fmt::format("the check of every page did not finish in {} s",
-                       std::chrono::duration_cast<std::chrono::seconds>(launch.timeout).count());
+    return failed(
+        fmt::format("the check of every page did not finish in {} s",
+                    std::chrono::duration_cast<std::chrono::seconds>(launch.timeout).count()));
   }
   if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return std::nullopt;
-  if (WIFEXITED(status) && WEXITSTATUS(status) == kPageCheckFound) return shown(printed);
-  if (WIFSIGNALED(status)) {
-    return fmt::format("reading its pages killed the check ({}){}", signalName(WTERMSIG(status)),
-                       printed.empty() ? "" : ": " + shown(printed));
+  if (WIFEXITED(status) && WEXITSTATUS(status) == kPageCheckFound) {
+    return PageCheckFailure{true, shown(printed)};
   }
-  return fmt::format("the check failed (exit status {}){}", WEXITSTATUS(status),
-                     printed.empty() ? "" : ": " + shown(printed));
+  // Killed while reading the pages: by what it read (SIGSEGV, SIGBUS, an LMDB assertion's
+  // SIGABRT), or by someone else; either way the pages could not be read through.
+  if (WIFSIGNALED(status)) {
+    return PageCheckFailure{
+        true, fmt::format("reading its pages killed the check ({}){}", signalName(WTERMSIG(status)),
+                          printed.empty() ? "" : ": " + shown(printed))};
+  }
+  return failed(fmt::format("the check failed (exit status {}){}", WEXITSTATUS(status),
+                            printed.empty() ? "" : ": " + shown(printed)));
 }
 
 }  // namespace toolhost::store

@@ -22,14 +22,19 @@
 #include <string>
 #include <vector>
 
+#include "store/store.h"
+
 namespace toolhost::store {
 
-// What the walk found wrong (empty when nothing), a sentence each, the first kMaxProblems.
+// What the walk found damaged (empty when nothing), a sentence each, the first kMaxPageProblems.
 inline constexpr std::size_t kMaxPageProblems = 20;
 std::vector<std::string> walkDatabase(const std::filesystem::path& db);
 
+// What walkDatabase found damaged (empty when nothing); a failure that is no damage (the
+// environment cannot be opened, no reader slot is free) throws std::runtime_error.
+//
 // The child's main: argv[2] is the LMDB directory. Prints the problems, one per line, and
-// returns kPageCheckFound when there are any, 0 when there are none.
+// returns kPageCheckFound when there are any, 0 when there are none, 2 when it could not check.
 inline constexpr int kPageCheckFound = 3;
 int runPageCheck(int argc, char** argv);
 
@@ -37,12 +42,14 @@ int runPageCheck(int argc, char** argv);
 struct PageCheckLaunch {
   std::string executable;
   std::vector<std::string> arguments;
-  std::chrono::milliseconds timeout{std::chrono::minutes(2)};
+  // Under systemd's default start timeout (90 s); a gibibyte reads in a second or two.
+  std::chrono::milliseconds timeout{std::chrono::seconds(60)};
 };
 
-// Runs the check on `db` in a child: std::nullopt when it found nothing wrong, else a sentence
-// saying what (its report, or how it died).
-std::optional<std::string> checkInChild(const PageCheckLaunch& launch,
-                                        const std::filesystem::path& db);
+// Runs the check on `db` in a child: std::nullopt when it found nothing wrong, else what it
+// found (damaged) or why it could not finish (not damaged: it could not start, ran out of time,
+// or met an error that is no damage, such as a full reader table).
+std::optional<PageCheckFailure> checkInChild(const PageCheckLaunch& launch,
+                                             const std::filesystem::path& db);
 
 }  // namespace toolhost::store

@@ -345,7 +345,7 @@ struct Store::Init {
   UniqueFd lockFd;
   std::vector<std::string> tableNames;
   std::vector<unsigned> dbis;
-  std::function<std::optional<std::string>(const std::filesystem::path&)> checkPages;
+  std::function<std::optional<PageCheckFailure>(const std::filesystem::path&)> checkPages;
 };
 
 boost::system::result<StorePtr, OpenError> Store::open(Options options) {
@@ -416,24 +416,30 @@ boost::system::result<StorePtr, OpenError> Store::open(Options options) {
                                    "but its pages in use take {}; restore it from a backup",
                                    db.string(), size, used));
     }
+    // Reader slots left by a process that died inside a read transaction would pin old pages
+    // and make the map grow until full (and leave the check below no slot).
+    int stale = 0;
+    if (int rc = mdb_reader_check(env.get(), &stale)) return openErrorFromMdb(rc, db, "check");
+    if (stale > 0) spdlog::warn("store: cleared {} stale reader slots in {}", stale, db.string());
+
     // A damaged page would kill this process at the first read that reaches it: every page is
     // read first, by a process that may die of it (a file LMDB just made has nothing to check).
     if (options.checkPages && size > 2 * std::uint64_t{envStat.ms_psize}) {
-      if (auto damage = options.checkPages(db)) {
-        return openError(StoreErrc::corrupt,
-                         fmt::format("the state database {} is damaged: {}; restore db/ from a "
-                                     "backup (mdb_dump, from lmdb-utils, may copy out what can "
-                                     "still be read)",
-                                     db.string(), *damage));
+      if (auto failed = options.checkPages(db)) {
+        if (failed->damaged) {
+          return openError(StoreErrc::corrupt,
+                           fmt::format("the state database {} is damaged: {}; restore db/ from "
+                                       "a backup (mdb_dump, from lmdb-utils, may copy out what "
+                                       "can still be read)",
+                                       db.string(), failed->text));
+        }
+        return openError(StoreErrc::ioError,
+                         fmt::format("cannot check the pages of the state database {}, and it "
+                                     "is not read unchecked: {}",
+                                     db.string(), failed->text));
       }
     }
   }
-
-  // Reader slots left by a process that died inside a read transaction would pin old pages and
-  // make the map grow until full.
-  int stale = 0;
-  if (int rc = mdb_reader_check(env.get(), &stale)) return openErrorFromMdb(rc, db, "check");
-  if (stale > 0) spdlog::warn("store: cleared {} stale reader slots in {}", stale, db.string());
 
   // The version is checked in a read transaction first, so a store we refuse is not written.
   auto stored = readSchemaVersion(env.get(), db);
@@ -510,9 +516,15 @@ Store::Store(Init&& init)
       dbis_(std::move(init.dbis)),
       checkPages_(std::move(init.checkPages)) {}
 
-std::optional<std::string> Store::checkPages() const {
+std::optional<PageCheckFailure> Store::checkPages() const {
   if (!checkPages_) return std::nullopt;
-  return checkPages_(databasePath());
+  auto failed = checkPages_(databasePath());
+  // A check killed inside its read transaction leaves its reader slot behind, which would keep
+  // every page freed since from being reused.
+  int stale = 0;
+  mdb_reader_check(env_, &stale);
+  if (stale > 0) spdlog::warn("store: cleared {} stale reader slots", stale);
+  return failed;
 }
 
 Store::~Store() {

@@ -80,6 +80,13 @@ inline constexpr std::uint32_t kSchemaVersion = 1;
 // Reserved for the store's own rows (the schema version); not available as a user table.
 inline constexpr std::string_view kMetaTable = "meta";
 
+// What a check of every page (Options::checkPages) found: damage, or a check that could not be
+// made (then `damaged` is false and `text` says why).
+struct PageCheckFailure {
+  bool damaged = false;
+  std::string text;
+};
+
 struct Options {
   std::filesystem::path stateDir;   // created (0700) if missing
   std::vector<std::string> tables;  // named tables, created if missing; not "meta"
@@ -87,10 +94,11 @@ struct Options {
   unsigned maxTables = 64;          // LMDB maxdbs; must exceed tables.size()
   unsigned maxReaders = 126;        // LMDB maxreaders: concurrent read transactions
   // Checks every page of the database (page_check.h runs it in a child process), given the LMDB
-  // directory: a sentence saying what is damaged, or nothing. open() calls it before anything
-  // reads a table, once the data file holds something, and refuses a damaged database
-  // (StoreErrc::corrupt); checkPages() calls it again. Unset: no check.
-  std::function<std::optional<std::string>(const std::filesystem::path& db)> checkPages;
+  // directory: what is damaged or why it could not check, or nothing. open() calls it before
+  // anything reads a table, once the data file holds something, and refuses a damaged database
+  // (StoreErrc::corrupt) or one it could not check (StoreErrc::ioError); checkPages() calls it
+  // again. Unset: no check.
+  std::function<std::optional<PageCheckFailure>(const std::filesystem::path& db)> checkPages;
 };
 
 // Why open() failed: the code to branch on, and a sentence for the user that names the path and
@@ -296,8 +304,9 @@ class Store {
   boost::system::result<Stats> stats() const;
 
   // Options::checkPages on this database now (it sees the last committed state): what is
-  // damaged, or nothing (also when no check was given). Blocks for as long as the walk takes.
-  std::optional<std::string> checkPages() const;
+  // damaged or why it could not check, or nothing (also when no check was given). Blocks for as
+  // long as the walk takes. Clears the reader slot of a check that was killed.
+  std::optional<PageCheckFailure> checkPages() const;
 
   // ec's message with this store's details: the map size for mapFull, the path for disk errors.
   std::string describe(const boost::system::error_code& ec) const;
@@ -331,7 +340,7 @@ class Store {
   // process before they reach it.
   std::mutex writeMutex_;
   std::atomic<bool> writesFull_{false};  // Stats::writesFull
-  std::function<std::optional<std::string>(const std::filesystem::path&)> checkPages_;
+  std::function<std::optional<PageCheckFailure>(const std::filesystem::path&)> checkPages_;
 };
 
 template <class F>

@@ -207,7 +207,7 @@ TEST_CASE("the page check runs before any table is read, and what it reports ref
           "[store][pages]") {
   TempDir tmp;
   int calls = 0;
-  std::optional<std::string> report;
+  std::optional<PageCheckFailure> report;
   auto withCheck = [&] {
     auto opts = options(tmp.state());
     opts.checkPages = [&](const std::filesystem::path& db) {
@@ -225,16 +225,17 @@ TEST_CASE("the page check runs before any table is read, and what it reports ref
       txn.put(store->table("items"), "big", std::string(100000, 'x'));  // overflow pages
       return {};
     }));
-    CHECK(store->checkPages() == std::nullopt);
+    CHECK_FALSE(store->checkPages().has_value());
     CHECK(calls == 1);
-    // The walk itself, of a healthy database, finds nothing.
-    CHECK(walkDatabase(store->databasePath()).empty());
   }
+  // The walk itself, of a healthy database (no other environment open on it in this process,
+  // an LMDB rule), finds nothing.
+  CHECK(walkDatabase(tmp.state() / "db").empty());
   {
     auto store = openOrFail(withCheck());
     CHECK(calls == 2);
   }
-  report = "table items: entry 1 points outside the database's pages";
+  report = PageCheckFailure{true, "table items: entry 1 points outside the database's pages"};
   auto refused = Store::open(withCheck());
   REQUIRE(refused.has_error());
   CHECK(calls == 3);
@@ -242,6 +243,14 @@ TEST_CASE("the page check runs before any table is read, and what it reports ref
   CHECK_THAT(refused.error().message,
              Catch::Contains("is damaged: table items: entry 1 points outside") &&
                  Catch::Contains("restore db/ from a backup"));
+  // A check that could not be made is no damage: refused too, without the advice to restore.
+  report = PageCheckFailure{false, "the check of every page did not finish in 60 s"};
+  refused = Store::open(withCheck());
+  REQUIRE(refused.has_error());
+  CHECK(refused.error().code == StoreErrc::ioError);
+  CHECK_THAT(refused.error().message, Catch::Contains("cannot check the pages") &&
+                                          Catch::Contains("did not finish in 60 s") &&
+                                          !Catch::Contains("restore"));
 }
 
 TEST_CASE("the page walk reports a table whose record counts entries its pages do not hold",

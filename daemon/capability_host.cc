@@ -163,9 +163,9 @@ json::value replyOf(policy::HttpResponse& response, const std::string& url) {
                       {"bodyBase64", base64Encode(response.body)}};
 }
 
-// The bytes of a request's header values and body: what substituting secrets changes.
-std::size_t requestBytes(const policy::HttpRequest& request) {
-  std::size_t total = request.body.size();
+// The bytes of a request's header values: what substituting secrets changes, with the body.
+std::size_t headerValueBytes(const policy::HttpRequest& request) {
+  std::size_t total = 0;
   for (const auto& header : request.headers) total += header.second.size();
   return total;
 }
@@ -196,7 +196,8 @@ asio::awaitable<void> runFetch(FetchJob job) {
 
   RequestRecord record{job.key, job.toolName, decision.scope, job.request.method, "", {}, {}, {}};
   // Secrets go in now, after authorization, and come out of the response before the tool sees it.
-  const std::size_t placed = requestBytes(job.request);
+  const std::size_t placedHeaders = headerValueBytes(job.request);
+  const std::size_t placedBody = job.request.body.size();
   auto secrets = substituteSecrets(job.services, job.toolName, job.key.toolRevision, job.request);
   if (!secrets) {
     auditRefusal(job.services.audit, job.key.toolRevision, job.toolName, job.key.action,
@@ -215,10 +216,13 @@ asio::awaitable<void> runFetch(FetchJob job) {
     }
   }
   auto limits = fetchLimits(*job.services.configs.current());
-  // The request passed its size limits with the placeholders in it; what the values add is not
-  // held against it, or a tool could learn a value's length from where a request starts failing.
-  const std::size_t sent = requestBytes(job.request);
-  limits.secretBytes = sent > placed ? sent - placed : 0;
+  // The request passed its size limits with the placeholders in it; what the values add to each
+  // part is not held against that part, or a tool could learn a value's length from where a
+  // request starts failing.
+  const std::size_t sentHeaders = headerValueBytes(job.request);
+  limits.secretHeaderBytes = sentHeaders > placedHeaders ? sentHeaders - placedHeaders : 0;
+  limits.secretBodyBytes =
+      job.request.body.size() > placedBody ? job.request.body.size() - placedBody : 0;
   const auto started = Clock::now();
   auto result = co_await job.services.http.fetch(std::move(job.request), limits, job.toolName);
   record.duration = since(started);

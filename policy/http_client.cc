@@ -422,12 +422,12 @@ boost::system::result<void, FetchError> checkRequest(const HttpRequest& request,
     }
     headerBytes += name.size() + value.size() + 4;  // ": " and CRLF
   }
-  if (headerBytes > kMaxRequestHeaderBytes + limits.secretBytes) {
+  if (headerBytes > kMaxRequestHeaderBytes + limits.secretHeaderBytes) {
     return FetchError{FetchErrc::requestTooLarge, "The request headers take " + bytes(headerBytes) +
                                                       "; at most " + bytes(kMaxRequestHeaderBytes) +
                                                       " are sent."};
   }
-  if (request.body.size() > limits.maxRequestBodyBytes + limits.secretBytes) {
+  if (request.body.size() > limits.maxRequestBodyBytes + limits.secretBodyBytes) {
     return FetchError{FetchErrc::requestTooLarge,
                       "The request body has " + bytes(request.body.size()) + "; the limit is " +
                           bytes(limits.maxRequestBodyBytes) + "."};

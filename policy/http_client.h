@@ -95,10 +95,12 @@ struct FetchLimits {
   // cannot take the room of all others.
   std::size_t maxOwnerBufferedBytes = std::size_t{64} << 20;
   std::chrono::milliseconds timeout{30000};  // DNS, connect, TLS, request and response together
-  // Bytes the daemon's secrets added to the headers or the body after the tool's request passed
-  // checkRequest() with its placeholders: allowed beyond the header and body limits, so that a
-  // secret's length never decides whether a request fails (a tool could measure it so).
-  std::size_t secretBytes = 0;
+  // Bytes the daemon's secrets added to the header values and to the body after the tool's
+  // request passed checkRequest() with its placeholders: allowed beyond the header and body
+  // limits, each for its own part, so that a secret's length never decides whether a request
+  // fails (a tool could measure it so).
+  std::size_t secretHeaderBytes = 0;
+  std::size_t secretBodyBytes = 0;
 };
 
 // Request headers the tool may not set, because the daemon owns them or because they would carry

@@ -297,6 +297,7 @@ TEST_CASE("secrets: a value's length never decides whether a request fails, at m
 export default async (args, ctx) => {
   const key = await ctx.secret('api_key');
   const headers = [['Authorization', 'Bearer ' + key]];
+  if (args.short) headers.push(['X-Short', await ctx.secret('short')]);
   for (let i = 0; i < (args.copies ?? 0); ++i) headers.push(['X-Copy-' + i, key]);
   const used = headers.reduce((n, [name, value]) => n + name.length + value.length + 4, 0);
   const init = { method: args.body ? 'POST' : 'GET', headers };
@@ -311,23 +312,29 @@ export default async (args, ctx) => {
   }
 }
 )js";
-  auto revision = deploy(*s.admin, jsTool("padded", kPadded, s.capabilities()));
+  auto revision =
+      deploy(*s.admin, jsTool("padded", kPadded, s.capabilities(json::array{"api_key", "short"})));
   decideAhead(*s.admin, revision, "fetch", s.granted.origin(), "read");
   decideAhead(*s.admin, revision, "fetch", s.granted.origin(), "write");
   // Longer than the placeholder: before, the headers at the limit failed, and the message gave
   // the value's length.
   const std::string value(3000, 'v');
   s.setSecret(json::object{{"tool", "padded"}, {"value", value}, {"allowBody", true}});
+  // Shorter than its placeholder: in a header, it must not make room for the other in the body.
+  s.setSecret(json::object{{"tool", "padded"}, {"name", "short"}, {"value", "0123456789"}});
   const auto url = s.granted.url("/echo");
   for (const bool body : {false, true}) {
     INFO("in the body: " << body);
     const int limit = body ? 1000 : 65536;
-    auto atLimit = s.run("padded", json::object{{"url", url}, {"total", limit}, {"body", body}});
+    auto atLimit = s.run(
+        "padded", json::object{{"url", url}, {"total", limit}, {"body", body}, {"short", body}});
     INFO(json::serialize(atLimit));
     CHECK(atLimit.at("status") == 200);
     if (body) CHECK(atLimit.at("bodyBytes").as_int64() == limit - 48 + 10);  // "[redacted]"
     // One byte more, whatever the value: refused, and the message names only the tool's bytes.
-    auto over = s.run("padded", json::object{{"url", url}, {"total", limit + 1}, {"body", body}});
+    auto over =
+        s.run("padded",
+              json::object{{"url", url}, {"total", limit + 1}, {"body", body}, {"short", body}});
     CHECK(codeOf(over) == "request-too-large");
     CHECK_THAT(text(over.at("message")), Catch::Contains(std::to_string(limit + 1)));
   }

@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <array>
 #include <map>
-#include <set>
 #include <unordered_map>
 #include <utility>
 
@@ -522,50 +521,19 @@ std::optional<RegistryError> checkBindingTarget(Registry& registry, const json::
 namespace {
 
 // The rules for drafts a tool made (see DraftSource::tool), checked after checkShape.
-// `visible`: the lineage's definitions in scope, by name.
-std::optional<RegistryError> checkToolDraft(Registry& registry, const json::object& draft,
-                                            const std::string& where, const auto& visible,
-                                            const std::set<std::string>& batchCalls) {
+std::optional<RegistryError> checkToolDraft(const json::object& draft, const std::string& where) {
   const std::string kind = stringAt(draft, "kind");
+  if (kind != task_kind::kMessage && kind != task_kind::kFunctionCall) {
+    return invalid(where + ".kind: a tool's subtasks hold messages and function calls, not " +
+                   kind + "s (a result or a definition there would speak for another tool)");
+  }
   const std::string role = stringAt(draft, "role");
-  const bool assistant = role == "assistant";
-  if (kind == task_kind::kToolResult       ? role != "tool"
-      : kind == task_kind::kToolDefinition ? !assistant && role != "tool"
-                                           : !assistant) {
-    return invalid(where + ".role: a task a tool makes speaks as the assistant or a tool, not " +
-                   shown(role) + " (" + kind +
-                   (kind == task_kind::kToolResult ? ": \"tool\")" : ": \"assistant\")"));
+  if (role != "assistant") {
+    return invalid(where + ".role: a task a tool makes speaks as the assistant, not " +
+                   shown(role));
   }
-  if (kind == task_kind::kToolResult && !batchCalls.contains(stringAt(draft, "callId"))) {
-    return invalid(where + ".callId: a tool's result answers only a functioncall drafted earlier " +
-                   "in the same subtasks, not " + stringAt(draft, "callId"));
-  }
-  if (kind == task_kind::kToolDefinition) {
-    const json::object& definition = objectAt(draft, "definition");
-    const std::string name = stringAt(definition, "name");
-    bool bound = visible.contains(name);
-    if (!bound) {
-      auto active = registry.getActive(name);
-      if (active) {
-        bound = true;
-      } else if (active.error().code != RegistryErrc::notFound) {
-        return active.error();
-      }
-    }
-    if (bound) {
-      return invalid(where + ".definition.name: " + shown(name) +
-                     " is already a tool here; a tool's subtasks may add tools, not replace one");
-    }
-    const json::object& implementation = objectAt(definition, "implementation");
-    if (stringMember(implementation, "type") == "binding") {
-      auto target = registry.getRevision(stringAt(implementation, "targetRevision"));
-      if (!target) return target.error();
-      if ((*target)->name != name) {
-        return invalid(where + ".definition.implementation.targetRevision: a revision of " +
-                       shown((*target)->name) + ", not of " + shown(name) +
-                       "; a tool's subtasks may bind a name only to a revision of that name");
-      }
-    }
+  if (draft.contains("priorId")) {
+    return invalid(where + ".priorId: a tool's subtasks revise no task");
   }
   return std::nullopt;
 }
@@ -607,7 +575,6 @@ Result<json::array> TaskStore::compile(const json::array& drafts,
   auto visible = std::move(stored.definitions);
   auto ancestors = std::move(stored.ancestors);
   std::optional<std::string> previous = parentId;
-  std::set<std::string> batchCalls;  // ids of the function calls drafted in this batch
   json::array out;
   out.reserve(drafts.size());
   for (std::size_t i = 0; i < drafts.size(); ++i) {
@@ -624,7 +591,7 @@ Result<json::array> TaskStore::compile(const json::array& drafts,
     }
     if (auto e = checkShape(*draft, Mode::draft, where, limits_)) return *e;
     if (source == DraftSource::tool) {
-      if (auto e = checkToolDraft(registry_, *draft, where, visible, batchCalls)) return *e;
+      if (auto e = checkToolDraft(*draft, where)) return *e;
     }
 
     const std::string kind = stringAt(*draft, "kind");
@@ -687,7 +654,6 @@ Result<json::array> TaskStore::compile(const json::array& drafts,
 
     auto hashed = hashTask(task, where, limits_);
     if (!hashed) return hashed.error();
-    if (kind == task_kind::kFunctionCall) batchCalls.insert(hashed->id);
     Ancestor self = describeTask(task);
     if (self.definition) visible.insert_or_assign(self.name, Visible{hashed->id, *self.definition});
     ancestors.insert_or_assign(hashed->id, std::move(self));

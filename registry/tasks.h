@@ -89,14 +89,10 @@ class TaskStore {
   // arguments, and returns the hashed tasks in order (each with its "id"). Writes nothing.
   // Drafts carrying an id or a parentId, or a pinned call, are refused; so is an unresolved call.
   //
-  // DraftSource::tool: drafts a tool made (ctx.createSubtasksResult), which an agent may commit
-  // as they come. They may speak only as the assistant or a tool, never as the system or the
-  // user: messages and function calls have role "assistant", results role "tool", definitions
-  // either. A result answers only a function call drafted earlier in the same batch (never an
-  // ancestor's call, which would rewrite what another tool returned). A definition may only add
-  // a name: one already visible there (a lineage definition or a registry binding) is refused,
-  // and a binding definition must target a revision of the same name, so that a tool can neither
-  // take over a tool's name nor put another tool's code behind a name of its choosing.
+  // DraftSource::tool: drafts a tool made (ctx.createSubtasksResult). They hold only messages
+  // and function calls, speak only as the assistant (never as the system, the user or a tool),
+  // and revise nothing (no priorId): a result or a definition there would speak for another
+  // tool, or put another tool behind a name.
   enum class DraftSource { agent, tool };
   Result<boost::json::array> compile(const boost::json::array& drafts,
                                      const std::optional<std::string>& parentId,

@@ -365,7 +365,36 @@ boost::system::result<json::array, std::string> DaemonCapabilityHost::createSubt
   auto compiled =
       services_.tasks.compile(drafts.as_array(), parentId, registry::TaskStore::DraftSource::tool);
   if (!compiled) return compiled.error().detail;
+  if (const auto* key = invocation.if_contains("subtasksKey");
+      key && key->is_string() && services_.subtasks != nullptr &&
+      !services_.subtasks->add(std::string(key->get_string()), *compiled)) {
+    return "a call may make at most " + std::to_string(SubtaskLedger::kMaxPerCall) + " subtasks";
+  }
   return std::move(*compiled);
+}
+
+std::string SubtaskLedger::open() {
+  std::lock_guard lock(mutex_);
+  std::string key = "call-" + std::to_string(++next_);
+  open_.emplace(key, json::array{});
+  return key;
+}
+
+bool SubtaskLedger::add(const std::string& key, const json::array& tasks) {
+  std::lock_guard lock(mutex_);
+  auto found = open_.find(key);
+  if (found == open_.end() || found->second.size() + tasks.size() > kMaxPerCall) return false;
+  for (const auto& task : tasks) found->second.push_back(task);
+  return true;
+}
+
+json::array SubtaskLedger::close(const std::string& key) {
+  std::lock_guard lock(mutex_);
+  auto found = open_.find(key);
+  if (found == open_.end()) return {};
+  json::array made = std::move(found->second);
+  open_.erase(found);
+  return made;
 }
 
 void DaemonCapabilityHost::startOperation(const registry::ToolRevision& caller,

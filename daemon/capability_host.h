@@ -17,8 +17,34 @@
 #include "runtime/capability_host.h"
 
 #include <boost/asio/any_io_executor.hpp>
+#include <boost/json/array.hpp>
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
 
 namespace toolhost::daemon {
+
+// The tasks ctx.createSubtasksResult compiled for each call, so that tools.call can answer them
+// beside the result (`subtasks`): what the daemon made, which the tool's own result cannot
+// forge. A call opens its entry before it runs and closes it when it ends. Any thread.
+class SubtaskLedger {
+ public:
+  static constexpr std::size_t kMaxPerCall = 4096;  // tasks one call may make
+  // A fresh key, for the call's invocation ("subtasksKey").
+  std::string open();
+  // Appends what one createSubtasksResult compiled; false past kMaxPerCall (nothing appended),
+  // or when `key` is not open.
+  bool add(const std::string& key, const boost::json::array& tasks);
+  // What the call made, in order; the key is closed.
+  boost::json::array close(const std::string& key);
+
+ private:
+  std::mutex mutex_;
+  std::uint64_t next_ = 0;
+  std::map<std::string, boost::json::array> open_;
+};
 
 struct CapabilityServices {
   registry::Registry& registry;
@@ -26,6 +52,7 @@ struct CapabilityServices {
   MediationServices mediation;
   PopupHosts& popups;
   StorageHost* storage = nullptr;  // ctx.storage (daemon/storage_host.h); null: not-authorized
+  SubtaskLedger* subtasks = nullptr;  // where calls' subtasks are kept for their answers
 };
 
 class DaemonCapabilityHost final : public runtime::CapabilityHost {

@@ -231,8 +231,9 @@ int run(const daemon::Config& config, const daemon::CommandLine& commandLine) {
   // first (its calls end and abort their operations), then the capability host, then the
   // io_context its operations and callers run on.
   daemon::StorageHost storageHost(toolStorage, configs);
+  daemon::SubtaskLedger subtasks;  // what each call's ctx.createSubtasksResult compiled
   daemon::DaemonCapabilityHost capabilityHost(
-      daemon::CapabilityServices{registry, taskStore, mediation, popups, &storageHost},
+      daemon::CapabilityServices{registry, taskStore, mediation, popups, &storageHost, &subtasks},
       io.get_executor());
   // Sandboxed JavaScript runs in [runtime] processes sandbox host processes: this executable
   // again, with --sandbox-host (see main()), supervised and restarted by the pool.
@@ -277,7 +278,7 @@ int run(const daemon::Config& config, const daemon::CommandLine& commandLine) {
   daemon::registerMetaMethods(methods, facts);
   daemon::registerToolMethods(
       methods, daemon::ToolServices{registry, disk, &sandboxes, &externalTools, &secrets,
-                                    &taskStore, &argumentChecks, &store});
+                                    &taskStore, &argumentChecks, &store, &subtasks});
   daemon::registerPopupMethods(methods, popups);
   daemon::registerSandboxMethods(methods, sandboxes);
   daemon::registerTaskMethods(methods, taskStore, disk, lineageReads);

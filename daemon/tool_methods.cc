@@ -1,5 +1,6 @@
 #include "daemon/tool_methods.h"
 
+#include "daemon/capability_host.h"
 #include "daemon/external_tools.h"
 #include "daemon/registry_errors.h"
 #include "daemon/secrets_host.h"
@@ -349,9 +350,25 @@ void registerToolMethods(MethodTable& methods, ToolServices services) {
               }
               options.invocation["taskId"] = *task;
             }
+            // What ctx.createSubtasksResult compiles during the call is answered beside the
+            // result, from the daemon's own record (closed on every way out of the call).
+            struct Ledger {
+              SubtaskLedger* ledger;
+              std::string key;
+              ~Ledger() {
+                if (ledger != nullptr) ledger->close(key);
+              }
+            } subtasks{services.subtasks, services.subtasks ? services.subtasks->open() : ""};
+            if (subtasks.ledger != nullptr) options.invocation["subtasksKey"] = subtasks.key;
             auto outcome =
                 co_await services.sandboxes->call(tool, std::move(arguments), std::move(options));
-            co_return answerFor(std::move(outcome), *tool);
+            auto answer = answerFor(std::move(outcome), *tool);
+            if (subtasks.ledger != nullptr && answer && answer->is_object()) {
+              if (auto made = subtasks.ledger->close(subtasks.key); !made.empty()) {
+                answer->as_object()["subtasks"] = std::move(made);
+              }
+            }
+            co_return answer;
           }
           case registry::ExecutionClass::externalService: {
             if (services.external == nullptr) {

@@ -15,6 +15,7 @@ namespace toolhost::daemon {
 
 class ExternalTools;
 class SecretsHost;
+class SubtaskLedger;
 
 struct ToolServices {
   registry::Registry& registry;
@@ -25,6 +26,7 @@ struct ToolServices {
   registry::TaskStore* tasks = nullptr;  // null: store.verify does not check tasks
   DiskThread* checks = nullptr;          // large arguments are validated there (null: inline)
   const store::Store* store = nullptr;   // null: store.verify does not check the pages
+  SubtaskLedger* subtasks = nullptr;     // null: tools.call answers no `subtasks`
 };
 
 void registerToolMethods(MethodTable& methods, ToolServices services);

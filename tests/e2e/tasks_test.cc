@@ -720,13 +720,32 @@ TEST_CASE("tasks: a tool's subtasks are the assistant's messages and calls, noth
   revised["priorId"] = idOf(chain[0]);
   refused(revised, "revise no task");
 
-  // What a tool may make: the assistant's words and calls.
-  auto made = run(json::array{message("assistant", "on it"),
-                              callDraft("gamma", json::object{{"city", "Bergen"}})});
-  INFO(json::serialize(made));
+  // What a tool may make: the assistant's words and calls. The answer holds them beside the
+  // result, as the daemon compiled them: what an agent commits, whatever the tool returns.
+  auto answer = resultOf(client.call(
+      "tools.call",
+      json::object{
+          {"name", "subtasker"},
+          {"taskId", subtaskerCall},
+          {"arguments",
+           json::object{{"drafts", json::array{
+                                       message("assistant", "on it"),
+                                       callDraft("gamma", json::object{{"city", "Bergen"}}),
+                                   }}}}}));
+  auto made = answer.at("result").as_object();
+  INFO(json::serialize(answer));
   REQUIRE(made.contains("tasks"));
   auto tasks = made.at("tasks").as_array();
   REQUIRE(tasks.size() == 2);
+  REQUIRE(answer.contains("subtasks"));
+  CHECK(answer.at("subtasks") == json::value(tasks));
+  // A call whose drafts were refused made none.
+  auto none = resultOf(client.call(
+      "tools.call",
+      json::object{{"name", "subtasker"},
+                   {"taskId", subtaskerCall},
+                   {"arguments", json::object{{"drafts", json::array{message("user", "x")}}}}}));
+  CHECK_FALSE(none.contains("subtasks"));
   CHECK(tasks[1].at("call").at("toolRevision") == json::value(gamma));
   auto committed = resultOf(client.call("tasks.commit", json::object{{"tasks", tasks}}));
   CHECK(committed.at("ids").as_array().size() == 2);

@@ -516,10 +516,6 @@ std::optional<RegistryError> checkBindingTarget(Registry& registry, const json::
                  target);
 }
 
-}  // namespace
-
-namespace {
-
 // The rules for drafts a tool made (see DraftSource::tool), checked after checkShape.
 std::optional<RegistryError> checkToolDraft(const json::object& draft, const std::string& where) {
   const std::string kind = stringAt(draft, "kind");

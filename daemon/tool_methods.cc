@@ -351,14 +351,16 @@ void registerToolMethods(MethodTable& methods, ToolServices services) {
               options.invocation["taskId"] = *task;
             }
             // What ctx.createSubtasksResult compiles during the call is answered beside the
-            // result, from the daemon's own record (closed on every way out of the call).
+            // result, from the daemon's own record (closed on every way out of the call). Only
+            // a tool that requests the capability can make any.
+            SubtaskLedger* ledger = runtime::subtasksRequested(*tool) ? services.subtasks : nullptr;
             struct Ledger {
               SubtaskLedger* ledger;
               std::string key;
               ~Ledger() {
                 if (ledger != nullptr) ledger->close(key);
               }
-            } subtasks{services.subtasks, services.subtasks ? services.subtasks->open() : ""};
+            } subtasks{ledger, ledger != nullptr ? ledger->open() : ""};
             if (subtasks.ledger != nullptr) options.invocation["subtasksKey"] = subtasks.key;
             auto outcome =
                 co_await services.sandboxes->call(tool, std::move(arguments), std::move(options));

@@ -20,6 +20,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string_view>
+#include <thread>
 
 extern char** environ;
 
@@ -318,9 +319,33 @@ std::optional<PageCheckFailure> checkInChild(const PageCheckLaunch& launch,
     if (printed.size() < 65536) printed.append(buffer, static_cast<std::size_t>(got));
   }
   ::close(output[0]);
-  if (timedOut) ::kill(pid, SIGKILL);
+  // Its exit, within the same time: a child that closed its output may still be running.
+  enum class Reaped { exited, running, lost };
   int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  auto reap = [&](std::chrono::steady_clock::time_point until) {
+    for (;;) {
+      const pid_t done = ::waitpid(pid, &status, WNOHANG);
+      if (done == pid) return Reaped::exited;
+      if (done < 0 && errno != EINTR) return Reaped::lost;  // no longer ours to wait for
+      if (std::chrono::steady_clock::now() >= until) return Reaped::running;
+      ::usleep(5000);
+    }
+  };
+  Reaped reaped = timedOut ? Reaped::running : reap(deadline);
+  if (reaped == Reaped::running) {
+    timedOut = true;
+    ::kill(pid, SIGKILL);
+    // A child in uninterruptible I/O (a failing disk) dies only when the I/O returns: wait a
+    // little, then leave its reaping to a thread of its own instead of holding the caller.
+    if (reap(std::chrono::steady_clock::now() + std::chrono::seconds(5)) == Reaped::running) {
+      std::thread([pid] {
+        int ignored = 0;
+        while (::waitpid(pid, &ignored, 0) < 0 && errno == EINTR) {
+        }
+      }).detach();
+    }
+  } else if (reaped == Reaped::lost) {
+    return failed("the check's exit could not be read");
   }
   if (timedOut) {
     return failed(

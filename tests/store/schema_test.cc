@@ -280,3 +280,19 @@ TEST_CASE("the page walk reports a table whose record counts entries its pages d
   REQUIRE(problems.size() == 1);
   CHECK(problems[0] == "table items: its record says 7 entries, its pages hold 2");
 }
+
+TEST_CASE("a page check that stops talking but keeps running is ended at its time limit",
+          "[store][pages]") {
+  // A child that closes its output and goes on (as one stuck reading a failing disk would after
+  // printing): the caller gets "did not finish" at the time limit, not when the child exits.
+  TempDir dir;
+  PageCheckLaunch launch{"/bin/sh", {"-c", "exec >&- 2>&-; sleep 30", "sh"}};
+  launch.timeout = std::chrono::milliseconds(300);
+  const auto started = std::chrono::steady_clock::now();
+  const auto failure = checkInChild(launch, dir.path());
+  const auto took = std::chrono::steady_clock::now() - started;
+  REQUIRE(failure.has_value());
+  CHECK_FALSE(failure->damaged);
+  CHECK_THAT(failure->text, Catch::Contains("did not finish"));
+  CHECK(took < std::chrono::seconds(20));
+}

@@ -1,6 +1,7 @@
 #include "daemon/capability_host.h"
 
 #include "daemon/secrets_host.h"
+#include "protocol/json_text.h"
 #include "registry/manifest.h"
 
 #include <spdlog/spdlog.h>
@@ -366,33 +367,51 @@ boost::system::result<json::array, std::string> DaemonCapabilityHost::createSubt
       services_.tasks.compile(drafts.as_array(), parentId, registry::TaskStore::DraftSource::tool);
   if (!compiled) return compiled.error().detail;
   if (const auto* key = invocation.if_contains("subtasksKey");
-      key && key->is_string() && services_.subtasks != nullptr &&
-      !services_.subtasks->add(std::string(key->get_string()), *compiled)) {
-    return "a call may make at most " + std::to_string(SubtaskLedger::kMaxPerCall) + " subtasks";
+      key && key->is_string() && services_.subtasks != nullptr) {
+    switch (services_.subtasks->add(std::string(key->get_string()), *compiled)) {
+      case SubtaskLedger::Added::added:
+        break;
+      case SubtaskLedger::Added::tooMany:
+        return "a call may make at most " + std::to_string(SubtaskLedger::kMaxPerCall) +
+               " subtasks";
+      case SubtaskLedger::Added::tooLarge:
+        return std::string(
+            "the call's subtasks would pass its output limit (outputBytes): they are part of "
+            "its answer");
+      case SubtaskLedger::Added::closed:
+        return std::string("the call has ended");
+    }
   }
   return std::move(*compiled);
 }
 
-std::string SubtaskLedger::open() {
+std::string SubtaskLedger::open(std::size_t maxBytes) {
   std::lock_guard lock(mutex_);
   std::string key = "call-" + std::to_string(++next_);
-  open_.emplace(key, json::array{});
+  open_.emplace(key, Made{{}, 0, maxBytes});
   return key;
 }
 
-bool SubtaskLedger::add(const std::string& key, const json::array& tasks) {
+SubtaskLedger::Added SubtaskLedger::add(const std::string& key, const json::array& tasks) {
+  // Measured outside the lock: the text each task takes in the answer, with its comma.
+  std::size_t bytes = 0;
+  for (const auto& task : tasks) bytes += protocol::writeJson(task).size() + 1;
   std::lock_guard lock(mutex_);
   auto found = open_.find(key);
-  if (found == open_.end() || found->second.size() + tasks.size() > kMaxPerCall) return false;
-  for (const auto& task : tasks) found->second.push_back(task);
-  return true;
+  if (found == open_.end()) return Added::closed;
+  Made& made = found->second;
+  if (made.tasks.size() + tasks.size() > kMaxPerCall) return Added::tooMany;
+  if (bytes > made.maxBytes - made.bytes) return Added::tooLarge;
+  made.bytes += bytes;
+  for (const auto& task : tasks) made.tasks.push_back(task);
+  return Added::added;
 }
 
 json::array SubtaskLedger::close(const std::string& key) {
   std::lock_guard lock(mutex_);
   auto found = open_.find(key);
   if (found == open_.end()) return {};
-  json::array made = std::move(found->second);
+  json::array made = std::move(found->second.tasks);
   open_.erase(found);
   return made;
 }

@@ -31,19 +31,26 @@ namespace toolhost::daemon {
 // forge. A call opens its entry before it runs and closes it when it ends. Any thread.
 class SubtaskLedger {
  public:
-  static constexpr std::size_t kMaxPerCall = 4096;  // tasks one call may make
-  // A fresh key, for the call's invocation ("subtasksKey").
-  std::string open();
-  // Appends what one createSubtasksResult compiled; false past kMaxPerCall (nothing appended),
-  // or when `key` is not open.
-  bool add(const std::string& key, const boost::json::array& tasks);
+  static constexpr std::size_t kMaxPerCall = 1000;  // tasks one call may make (a tasks.commit)
+  // A fresh key, for the call's invocation ("subtasksKey"). `maxBytes`: what the call's subtasks
+  // may take as JSON text, all together (the call's output limit: they are part of its answer).
+  std::string open(std::size_t maxBytes);
+  enum class Added { added, tooMany, tooLarge, closed };
+  // Appends what one createSubtasksResult compiled, or nothing: past kMaxPerCall tasks, past the
+  // call's bytes, or when `key` is not open (the call ended).
+  Added add(const std::string& key, const boost::json::array& tasks);
   // What the call made, in order; the key is closed.
   boost::json::array close(const std::string& key);
 
  private:
+  struct Made {
+    boost::json::array tasks;
+    std::size_t bytes = 0;
+    std::size_t maxBytes = 0;
+  };
   std::mutex mutex_;
   std::uint64_t next_ = 0;
-  std::map<std::string, boost::json::array> open_;
+  std::map<std::string, Made> open_;
 };
 
 struct CapabilityServices {

@@ -360,7 +360,15 @@ void registerToolMethods(MethodTable& methods, ToolServices services) {
               ~Ledger() {
                 if (ledger != nullptr) ledger->close(key);
               }
-            } subtasks{ledger, ledger != nullptr ? ledger->open() : ""};
+            } subtasks{ledger, ""};
+            if (ledger != nullptr) {
+              // They share the call's output limit with its result; limits the runtime would
+              // refuse are refused there, before anything runs.
+              auto limits = runtime::effectiveLimits(tool->manifest, options.limits,
+                                                     services.sandboxes->config());
+              subtasks.key =
+                  ledger->open(limits ? static_cast<std::size_t>(limits->outputBytes) : 0);
+            }
             if (subtasks.ledger != nullptr) options.invocation["subtasksKey"] = subtasks.key;
             auto outcome =
                 co_await services.sandboxes->call(tool, std::move(arguments), std::move(options));

@@ -65,13 +65,17 @@ std::string errorDetail(const json::object& response) {
 std::string str(const json::value& value) { return std::string(value.as_string()); }
 
 // Installs and activates a tool; its revision.
-std::string installActive(RawClient& client, std::string_view name) {
-  auto installed =
-      resultOf(client.call("tools.install", json::object{{"manifest", manifest(name)}}));
+std::string installActive(RawClient& client, const json::object& manifest) {
+  auto installed = resultOf(client.call("tools.install", json::object{{"manifest", manifest}}));
   std::string revision = str(installed.at("revision"));
-  resultOf(client.call("tools.activate",
-                       json::object{{"name", name}, {"revision", revision}, {"replace", true}}));
+  resultOf(client.call(
+      "tools.activate",
+      json::object{{"name", manifest.at("name")}, {"revision", revision}, {"replace", true}}));
   return revision;
+}
+
+std::string installActive(RawClient& client, std::string_view name) {
+  return installActive(client, manifest(name));
 }
 
 json::object message(std::string_view role, json::value content) {
@@ -632,9 +636,7 @@ TEST_CASE("tasks: within a lineage, ctx.resolveInvocation pins a name as createS
       "'assistant', call: {name: 'gamma', arguments: {city: 'x'}}}]))[0].call.toolRevision,\n"
       "})");
   planner["capabilities"] = json::object{{"subtasks", true}};
-  auto installed = resultOf(client.call("tools.install", json::object{{"manifest", planner}}));
-  resultOf(client.call("tools.activate",
-                       json::object{{"name", "planner"}, {"revision", installed.at("revision")}}));
+  installActive(client, planner);
   auto chain = append(client, json::array{message("user", "plan it"), definition("gamma"),
                                           callDraft("planner", json::object{{"city", "Oslo"}})});
   auto callIn = [&](std::optional<std::string> taskId) {
@@ -665,9 +667,7 @@ TEST_CASE("tasks: a tool's subtasks are the assistant's messages and calls, noth
                "}");
   subtasker["parameters"] = json::parse(R"({"type":"object"})");
   subtasker["capabilities"] = json::object{{"subtasks", true}};
-  auto installed = resultOf(client.call("tools.install", json::object{{"manifest", subtasker}}));
-  resultOf(client.call("tools.activate", json::object{{"name", "subtasker"},
-                                                      {"revision", installed.at("revision")}}));
+  installActive(client, subtasker);
   // user → gamma's call → its result → the call of subtasker whose subtasks these are.
   auto chain = append(client, json::array{message("user", "plan it"),
                                           callDraft("gamma", json::object{{"city", "Oslo"}})});
@@ -749,4 +749,40 @@ TEST_CASE("tasks: a tool's subtasks are the assistant's messages and calls, noth
   CHECK(tasks[1].at("call").at("toolRevision") == json::value(gamma));
   auto committed = resultOf(client.call("tasks.commit", json::object{{"tasks", tasks}}));
   CHECK(committed.at("ids").as_array().size() == 2);
+}
+
+TEST_CASE("tasks: a call's subtasks share its output limit", "[e2e][tasks]") {
+  // Each createSubtasksResult is small, but what a call makes adds up in its answer: the daemon
+  // holds it until the call ends, so it counts against the call's outputBytes.
+  auto daemon = DaemonProcess::start();
+  RawClient client(daemon->socket());
+  auto talker =
+      manifest("talker",
+               "export default async (args, ctx) => {\n"
+               "  let made = 0;\n"
+               "  try {\n"
+               "    for (let i = 0; i < 100; ++i) {\n"
+               "      await ctx.createSubtasksResult([{kind: 'message', role: 'assistant',\n"
+               "                                       content: 'x'.repeat(400) + i}]);\n"
+               "      ++made;\n"
+               "    }\n"
+               "  } catch (e) { return {made, message: String(e.message)}; }\n"
+               "  return {made};\n"
+               "}");
+  talker["parameters"] = json::parse(R"({"type":"object"})");
+  talker["capabilities"] = json::object{{"subtasks", true}};
+  talker["limits"] = json::object{{"outputBytes", 4096}};
+  installActive(client, talker);
+  auto answer = resultOf(
+      client.call("tools.call", json::object{{"name", "talker"}, {"arguments", json::object{}}}));
+  INFO(json::serialize(answer));
+  const auto& result = answer.at("result").as_object();
+  REQUIRE(result.contains("message"));
+  CHECK_THAT(str(result.at("message")), Catch::Contains("pass its output limit"));
+  const auto made = result.at("made").to_number<std::int64_t>();
+  CHECK(made >= 3);
+  CHECK(made < 10);
+  REQUIRE(answer.contains("subtasks"));
+  CHECK(answer.at("subtasks").as_array().size() == static_cast<std::size_t>(made));
+  CHECK(json::serialize(answer.at("subtasks")).size() <= 4096);
 }

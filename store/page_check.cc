@@ -356,12 +356,19 @@ std::optional<PageCheckFailure> checkInChild(const PageCheckLaunch& launch,
   if (WIFEXITED(status) && WEXITSTATUS(status) == kPageCheckFound) {
     return PageCheckFailure{true, shown(printed)};
   }
-  // Killed while reading the pages: by what it read (SIGSEGV, SIGBUS, an LMDB assertion's
-  // SIGABRT), or by someone else; either way the pages could not be read through.
+  // Killed by what it read (SIGSEGV, SIGBUS, an LMDB assertion's SIGABRT): the pages could not
+  // be read through. Killed by anything else (a stop during start-up, the OOM killer, someone's
+  // kill), it says nothing of the pages.
   if (WIFSIGNALED(status)) {
-    return PageCheckFailure{
-        true, fmt::format("reading its pages killed the check ({}){}", signalName(WTERMSIG(status)),
-                          printed.empty() ? "" : ": " + shown(printed))};
+    const int signal = WTERMSIG(status);
+    const bool byWhatItRead = signal == SIGSEGV || signal == SIGBUS || signal == SIGABRT ||
+                              signal == SIGILL || signal == SIGFPE;
+    auto text = fmt::format("reading its pages killed the check ({}){}", signalName(signal),
+                            printed.empty() ? "" : ": " + shown(printed));
+    if (!byWhatItRead) {
+      text = fmt::format("the check was killed ({}) before it finished", signalName(signal));
+    }
+    return PageCheckFailure{byWhatItRead, std::move(text)};
   }
   return failed(fmt::format("the check failed (exit status {}){}", WEXITSTATUS(status),
                             printed.empty() ? "" : ": " + shown(printed)));

@@ -296,3 +296,26 @@ TEST_CASE("a page check that stops talking but keeps running is ended at its tim
   CHECK_THAT(failure->text, Catch::Contains("did not finish"));
   CHECK(took < std::chrono::seconds(20));
 }
+
+TEST_CASE("a page check killed by what it read is damage; killed by anything else, it is not",
+          "[store][pages]") {
+  TempDir dir;
+  auto killedBy = [&](const char* signal) {
+    return checkInChild(
+        PageCheckLaunch{"/bin/sh", {"-c", std::string("kill -") + signal + " $$", "sh"}},
+        dir.path());
+  };
+  for (const char* signal : {"SEGV", "BUS", "ABRT"}) {
+    INFO(signal);
+    const auto failure = killedBy(signal);
+    REQUIRE(failure.has_value());
+    CHECK(failure->damaged);
+  }
+  for (const char* signal : {"TERM", "KILL", "INT"}) {
+    INFO(signal);
+    const auto failure = killedBy(signal);
+    REQUIRE(failure.has_value());
+    CHECK_FALSE(failure->damaged);
+    CHECK_THAT(failure->text, Catch::Contains("was killed"));
+  }
+}

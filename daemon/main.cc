@@ -380,6 +380,9 @@ int main(int argc, char** argv) {
   }
   daemon::setupLogging(config->logLevel, config->logFormat);
   std::signal(SIGPIPE, SIG_IGN);
+  // A write past the file size limit (ulimit -f) fails with EFBIG, a full disk to the store,
+  // instead of ending the process.
+  std::signal(SIGXFSZ, SIG_IGN);
   // The daemon runs on a thread of its own, with the stack setThreadStacks gave every thread:
   // this one has what `ulimit -s` left it, and starting up compiles the methods' schemas.
   int code = 1;

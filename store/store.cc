@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <lmdb.h>
 #include <sys/file.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -323,10 +324,19 @@ std::optional<OpenError> validate(const Options& options) {
 }
 
 // Whether the file system holding `dir` has (almost) no space left for unprivileged writes.
+// Whether the database's disk, or the file size limit (RLIMIT_FSIZE) of this process, leaves
+// under a mebibyte for data.mdb in `dir` to grow.
 bool diskNearlyFull(const std::filesystem::path& dir) {
+  constexpr std::uint64_t kNearlyFullBytes = 1U << 20;
+  struct rlimit fileSize {};
+  struct stat data {};
+  if (::getrlimit(RLIMIT_FSIZE, &fileSize) == 0 && fileSize.rlim_cur != RLIM_INFINITY &&
+      ::stat((dir / "data.mdb").c_str(), &data) == 0 &&
+      static_cast<std::uint64_t>(data.st_size) + kNearlyFullBytes > fileSize.rlim_cur) {
+    return true;
+  }
   struct statvfs vfs {};
   if (::statvfs(dir.c_str(), &vfs) != 0) return false;
-  constexpr std::uint64_t kNearlyFullBytes = 1U << 20;
   return static_cast<std::uint64_t>(vfs.f_bavail) * vfs.f_frsize < kNearlyFullBytes;
 }
 
@@ -567,7 +577,10 @@ std::string Store::describe(const boost::system::error_code& ec) const {
   }
   const std::string db = databasePath().string();
   if (ec == StoreErrc::diskFull) {
-    return fmt::format("the disk holding the state database {} is full", db);
+    return fmt::format(
+        "the disk holding the state database {} is full (or its file reached the file size "
+        "limit, ulimit -f)",
+        db);
   }
   if (ec == StoreErrc::ioError) {
     return fmt::format("I/O error on the state database {} (is the disk full or failing?)", db);

@@ -316,3 +316,40 @@ TEST_CASE("[storage] settings out of range stop the daemon with a clear message"
   CHECK_THAT(daemon->log(),
              Catch::Contains("storage.max_entries") && Catch::Contains("not a known key"));
 }
+
+TEST_CASE("a file size limit reached by the state database is a full disk, not the daemon's end",
+          "[e2e][storage]") {
+  // Past RLIMIT_FSIZE a write raises SIGXFSZ, whose default action ends the process: the write
+  // must fail with the disk-full error instead, and the daemon go on serving.
+  DaemonOptions options;
+  options.fileSizeLimitBytes = 3 << 20;
+  auto daemon = DaemonProcess::start(options);
+  RawClient client(daemon->socket());
+  deploy(client,
+         storageTool("grower",
+                     "export default async (a, ctx) => {\n"
+                     "  let stored = 0, code = null, failed = 0;\n"
+                     "  for (let i = 0; i < 60; i++) {\n"
+                     "    try { await ctx.storage.set('k' + i, 'y'.repeat(3000)); ++stored; }\n"
+                     "    catch (e) { if (code === null) code = e.code; ++failed; }\n"
+                     "  }\n"
+                     "  return { stored, code, failed };\n"
+                     "};"));
+  // Large revisions first, until the file reaches the limit.
+  bool full = false;
+  for (int i = 0; i < 40 && !full; ++i) {
+    auto big = storageTool("big" + std::to_string(i),
+                           "export default async () => '" + std::string(300000, 'z') + "';");
+    full = client.call("tools.install", json::object{{"manifest", big}}).contains("error");
+  }
+  REQUIRE(full);
+  auto grown = callTool(client, "grower");
+  INFO(toolhost::protocol::writeJson(grown));
+  CHECK(grown.at("failed").to_number<std::int64_t>() > 0);
+  CHECK(grown.at("code") == "storage-full");
+  REQUIRE(daemon->running());
+  CHECK(client.call("ping").contains("result"));
+  CHECK(resultOf(client.call("daemon.health")).at("status") == "degraded");
+  CHECK(resultOf(client.call("storage.list", json::object{{"tool", "grower"}})).at("keys") ==
+        grown.at("stored"));
+}

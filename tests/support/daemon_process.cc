@@ -119,6 +119,12 @@ std::unique_ptr<DaemonProcess> DaemonProcess::start(DaemonOptions options) {
       };
       if (::setrlimit(RLIMIT_STACK, &limit) != 0) _exit(126);
     }
+    if (options.fileSizeLimitBytes) {
+      struct rlimit limit {
+        *options.fileSizeLimitBytes, *options.fileSizeLimitBytes
+      };
+      if (::setrlimit(RLIMIT_FSIZE, &limit) != 0) _exit(126);
+    }
     ::execve(argv[0], argv.data(), envp.data());
     _exit(127);
   }

@@ -35,6 +35,7 @@ struct DaemonOptions {
   std::string logFormat = "text";
   bool waitUntilReady = true;
   std::optional<std::size_t> stackLimitBytes;  // the daemon's `ulimit -s` (RLIMIT_STACK), if set
+  std::optional<std::size_t> fileSizeLimitBytes;  // its `ulimit -f` (RLIMIT_FSIZE), if set
 };
 
 class DaemonProcess {

@@ -6,6 +6,7 @@
 #include "daemon/disk_thread.h"
 #include "daemon/dispatcher.h"
 #include "daemon/external_tools.h"
+#include "daemon/log_budget.h"
 #include "daemon/logging.h"
 #include "daemon/meta_methods.h"
 #include "daemon/method_table.h"
@@ -145,6 +146,9 @@ int run(const daemon::Config& config, const daemon::CommandLine& commandLine) {
   storeOptions.checkPages = [](const std::filesystem::path& db) {
     return store::checkInChild(store::PageCheckLaunch{"/proc/self/exe", {"--check-store"}}, db);
   };
+  // A full or failing disk fails every write; the lines about it share one budget.
+  storeOptions.allowFailureLine = [budget = std::make_shared<daemon::LogBudget>(2, 20)](
+                                      std::string& note) { return budget->allow(note); };
   auto opened = store::Store::open(storeOptions);
   if (!opened) {
     spdlog::critical("{}", opened.error().message);

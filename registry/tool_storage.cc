@@ -244,7 +244,9 @@ std::optional<StorageError> checkTool(std::string_view tool) {
 // The outcome of a failed transaction, for every op it carried.
 StorageError storeFailure(const store::Store& store, const boost::system::error_code& ec) {
   const bool full = ec == store::StoreErrc::mapFull || ec == store::StoreErrc::diskFull;
-  spdlog::warn("storage: the state database failed: {}", store.describe(ec));
+  if (std::string note; store.allowFailureLine(note)) {
+    spdlog::warn("storage: the state database failed: {}{}", store.describe(ec), note);
+  }
   if (full) {
     return StorageError{StorageErrc::full,
                         "the daemon's state database is full; ask the operator to free space or "

@@ -356,6 +356,7 @@ struct Store::Init {
   std::vector<std::string> tableNames;
   std::vector<unsigned> dbis;
   std::function<std::optional<PageCheckFailure>(const std::filesystem::path&)> checkPages;
+  std::function<bool(std::string&)> allowFailureLine;
 };
 
 boost::system::result<StorePtr, OpenError> Store::open(Options options) {
@@ -508,10 +509,15 @@ boost::system::result<StorePtr, OpenError> Store::open(Options options) {
 
   spdlog::info("store: opened {} (schema version {}, map size {} MiB, {} tables)", db.string(),
                kSchemaVersion, options.mapSizeMb, options.tables.size());
-  Init init{stateDir,           options.mapSizeMb,
-            kSchemaVersion,     std::move(env),
-            std::move(*lockFd), std::move(options.tables),
-            std::move(dbis),    std::move(options.checkPages)};
+  Init init{stateDir,
+            options.mapSizeMb,
+            kSchemaVersion,
+            std::move(env),
+            std::move(*lockFd),
+            std::move(options.tables),
+            std::move(dbis),
+            std::move(options.checkPages),
+            std::move(options.allowFailureLine)};
   return StorePtr(new Store(std::move(init)));
 }
 
@@ -524,7 +530,13 @@ Store::Store(Init&& init)
       lockFd_(init.lockFd.release()),
       tableNames_(std::move(init.tableNames)),
       dbis_(std::move(init.dbis)),
-      checkPages_(std::move(init.checkPages)) {}
+      checkPages_(std::move(init.checkPages)),
+      allowFailureLine_(std::move(init.allowFailureLine)) {}
+
+bool Store::allowFailureLine(std::string& note) const {
+  note.clear();
+  return !allowFailureLine_ || allowFailureLine_(note);
+}
 
 std::optional<PageCheckFailure> Store::checkPages() const {
   if (!checkPages_) return std::nullopt;
@@ -561,11 +573,13 @@ boost::system::error_code Store::mapError(int rc, const char* op, std::string_vi
   // tell the user about the full disk rather than a failing one.
   if (rc == EIO && diskNearlyFull(databasePath())) code = StoreErrc::diskFull;
   const boost::system::error_code ec = make_error_code(code);
+  std::string note;
+  if (!allowFailureLine(note)) return ec;
   const std::string where = table.empty() ? std::string() : fmt::format(" on table '{}'", table);
   if (ec == StoreErrc::mapFull) {
-    spdlog::warn("store: {}{} failed: {}", op, where, describe(ec));
+    spdlog::warn("store: {}{} failed: {}{}", op, where, describe(ec), note);
   } else {
-    spdlog::error("store: {}{} failed: {} ({})", op, where, describe(ec), mdb_strerror(rc));
+    spdlog::error("store: {}{} failed: {} ({}){}", op, where, describe(ec), mdb_strerror(rc), note);
   }
   return ec;
 }

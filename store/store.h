@@ -99,6 +99,10 @@ struct Options {
   // (StoreErrc::corrupt) or one it could not check (StoreErrc::ioError); checkPages() calls it
   // again. Unset: no check.
   std::function<std::optional<PageCheckFailure>(const std::filesystem::path& db)> checkPages;
+  // Whether a line about a failed read or write may be logged now (`note`: what was held back,
+  // for the end of the line): a full disk fails every write a client or tool makes, and each
+  // must not cost the operator's disk a line. Unset: every line is logged.
+  std::function<bool(std::string& note)> allowFailureLine;
 };
 
 // Why open() failed: the code to branch on, and a sentence for the user that names the path and
@@ -310,6 +314,8 @@ class Store {
 
   // ec's message with this store's details: the map size for mapFull, the path for disk errors.
   std::string describe(const boost::system::error_code& ec) const;
+  // Options::allowFailureLine, for the lines of the store's users about its failures.
+  bool allowFailureLine(std::string& note) const;
 
  private:
   friend class ReadTxn;
@@ -341,6 +347,7 @@ class Store {
   std::mutex writeMutex_;
   std::atomic<bool> writesFull_{false};  // Stats::writesFull
   std::function<std::optional<PageCheckFailure>(const std::filesystem::path&)> checkPages_;
+  std::function<bool(std::string&)> allowFailureLine_;
 };
 
 template <class F>

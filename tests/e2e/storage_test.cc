@@ -353,3 +353,28 @@ TEST_CASE("a file size limit reached by the state database is a full disk, not t
   CHECK(resultOf(client.call("storage.list", json::object{{"tool", "grower"}})).at("keys") ==
         grown.at("stored"));
 }
+
+TEST_CASE("writes failing on a full state database do not each cost a log line", "[e2e][storage]") {
+  DaemonOptions options;
+  options.configToml = "[store]\nmap_size_mb = 4\n";
+  auto daemon = DaemonProcess::start(options);
+  RawClient client(daemon->socket());
+  deploy(client, storageTool("flooder",
+                             "export default async (a, ctx) => {\n"
+                             "  let failed = 0;\n"
+                             "  for (let i = 0; i < 400; i++) {\n"
+                             "    try { await ctx.storage.set('k' + i, 'x'.repeat(60000)); }\n"
+                             "    catch (e) { ++failed; }\n"
+                             "  }\n"
+                             "  return { failed };\n"
+                             "};"));
+  auto flooded = callTool(client, "flooder");
+  INFO(toolhost::protocol::writeJson(flooded));
+  REQUIRE(flooded.at("failed").to_number<std::int64_t>() > 200);
+  const std::string log = daemon->log();
+  std::size_t lines = 0;
+  for (std::size_t at = 0; (at = log.find("state database", at)) != std::string::npos; ++at) {
+    ++lines;
+  }
+  CHECK(lines < 60);
+}

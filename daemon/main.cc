@@ -199,6 +199,15 @@ int run(const daemon::Config& config, const daemon::CommandLine& commandLine) {
           {"mapSizeBytes", stats->mapSizeBytes},
           {"schemaVersion", stats->schemaVersion}};
     }
+    if (stats->writesFailing) {
+      return boost::json::object{
+          {"ok", false},
+          {"detail",
+           "the last write failed: " + store.describe(stats->writesFailing) + "; reads still work"},
+          {"usedBytes", stats->usedBytes},
+          {"mapSizeBytes", stats->mapSizeBytes},
+          {"schemaVersion", stats->schemaVersion}};
+    }
     return boost::json::object{{"ok", true},
                                {"usedBytes", stats->usedBytes},
                                {"mapSizeBytes", stats->mapSizeBytes},

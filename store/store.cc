@@ -635,6 +635,10 @@ boost::system::error_code Store::runWrite(detail::FunctionRef<bool(WriteTxn&)> f
   // transaction, whose first attempt left nothing behind).
   if (ec == StoreErrc::mapFull && nudge()) ec = writeOnce(fn);
   if (ec == StoreErrc::mapFull || ec == StoreErrc::diskFull) writesFull_.store(true);
+  if (ec == StoreErrc::ioError || ec == StoreErrc::permissionDenied || ec == StoreErrc::fatal ||
+      ec == StoreErrc::corrupt) {
+    writesFailing_.store(ec.value());
+  }
   return ec;
 }
 
@@ -668,7 +672,10 @@ boost::system::error_code Store::writeOnce(detail::FunctionRef<bool(WriteTxn&)> 
   const bool wrote = txn.wrote_;
   auto ec = txn.commit();
   // Only a commit that needed room says there is room again.
-  if (!ec && wrote) writesFull_.store(false);
+  if (!ec && wrote) {
+    writesFull_.store(false);
+    writesFailing_.store(0);
+  }
   return ec;
 }
 
@@ -677,6 +684,9 @@ boost::system::result<Stats> Store::stats() const {
   stats.path = path_;
   stats.schemaVersion = schemaVersion_;
   stats.writesFull = writesFull_.load();
+  if (const int failing = writesFailing_.load(); failing != 0) {
+    stats.writesFailing = make_error_code(static_cast<StoreErrc>(failing));
+  }
   MDB_envinfo info{};
   MDB_stat envStat{};
   if (int rc = mdb_env_info(env_, &info)) return mapError(rc, "stats", "");

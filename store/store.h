@@ -131,6 +131,9 @@ struct Stats {
   // The most recent write failed because the map or the disk was full (a later write that
   // succeeds clears it).
   bool writesFull = false;
+  // Or it failed for another reason that is the store's, not the write's (an I/O error, a
+  // permission, a fatal LMDB error): that error. Cleared the same way.
+  boost::system::error_code writesFailing;
 };
 
 class Store;
@@ -346,6 +349,7 @@ class Store {
   // process before they reach it.
   std::mutex writeMutex_;
   std::atomic<bool> writesFull_{false};  // Stats::writesFull
+  std::atomic<int> writesFailing_{0};    // Stats::writesFailing: a StoreErrc, 0 for none
   std::function<std::optional<PageCheckFailure>(const std::filesystem::path&)> checkPages_;
   std::function<bool(std::string&)> allowFailureLine_;
 };

@@ -378,3 +378,36 @@ TEST_CASE("writes failing on a full state database do not each cost a log line",
   }
   CHECK(lines < 60);
 }
+
+TEST_CASE("daemon.health says so when writes fail for a reason other than room", "[e2e][storage]") {
+  auto daemon = DaemonProcess::start();
+  RawClient client(daemon->socket());
+  deploy(client, storageTool("writer",
+                             "export default async (a, ctx) => {\n"
+                             "  try { await ctx.storage.set('k', 'v'); return { ok: true }; }\n"
+                             "  catch (e) { return { code: e.code }; }\n"
+                             "};"));
+  const auto data = daemon->stateDir() / "db" / "data.mdb";
+  // An immutable data file: every write fails with EPERM (needs CAP_LINUX_IMMUTABLE and a file
+  // system with the attribute).
+  auto chattr = [&](const char* flag) {
+    return runProgram({"/usr/bin/chattr", flag, data.string()}).status == 0;
+  };
+  if (!chattr("+i")) {
+    WARN("chattr +i is not available here; not checked");
+    return;
+  }
+  auto failed = callTool(client, "writer");
+  const auto health = resultOf(client.call("daemon.health"));
+  chattr("-i");
+  INFO(toolhost::protocol::writeJson(failed));
+  INFO(toolhost::protocol::writeJson(health));
+  CHECK(failed.at("code") == "storage-failed");
+  CHECK(health.at("status") == "degraded");
+  CHECK(health.at("checks").at("store").at("ok") == false);
+  CHECK_THAT(std::string(health.at("checks").at("store").at("detail").as_string()),
+             Catch::Contains("the last write failed: permission denied"));
+  // A write that goes through clears it.
+  CHECK(callTool(client, "writer").at("ok") == true);
+  CHECK(resultOf(client.call("daemon.health")).at("status") == "ok");
+}

@@ -246,7 +246,7 @@ std::optional<ConfigError> readFetch(const toml::table& table, const std::string
       return fail(file, where(*node, "fetch.extra_ca_file") + " must be the path of a PEM file");
     }
     fs::path caFile = *path;
-    if (caFile.is_relative()) caFile = fs::path(file).parent_path() / caFile;
+    if (caFile.is_relative()) caFile = fs::absolute(fs::path(file)).parent_path() / caFile;
     std::error_code ec;
     if (!fs::is_regular_file(caFile, ec)) {
       return fail(file, where(*node, "fetch.extra_ca_file") + ": " + caFile.string() +
@@ -318,7 +318,7 @@ std::optional<ConfigError> readSecrets(const toml::table& table, const std::stri
                   where(*node, "secrets.key_file") + " must be the path of the secrets key file");
     }
     fs::path keyFile = *path;
-    if (keyFile.is_relative()) keyFile = fs::path(file).parent_path() / keyFile;
+    if (keyFile.is_relative()) keyFile = fs::absolute(fs::path(file)).parent_path() / keyFile;
     secrets.keyFile = keyFile;
   }
   return readCount(table, file, "secrets", "max_value_bytes", secrets.maxValueBytes, 1,
@@ -560,12 +560,19 @@ Result loadConfig(const CommandLine& commandLine) {
                        readString(table, file, "log", "format", format)}) {
       if (error) return *error;
     }
-    if (socket) configSocket = *socket;
+    // Relative paths in the file are relative to its folder, like key_file and extra_ca_file:
+    // not to wherever the daemon was started (under systemd, "/").
+    auto fromFile = [&](const std::string& path) {
+      fs::path resolved = path;
+      if (resolved.is_relative()) resolved = fs::absolute(fs::path(file)).parent_path() / resolved;
+      return resolved;
+    };
+    if (socket) configSocket = fromFile(*socket);
     if (groupName) {
       config.socketGroup = lookupGroup(*groupName);
       if (!config.socketGroup) return fail(file, "server.socket_group: no group \"" + *groupName + "\"");
     }
-    if (dir) configState = *dir;
+    if (dir) configState = fromFile(*dir);
     std::int64_t graceMs = config.shutdownGrace.count();
     for (auto error : {
              readCount(table, file, "server", "io_threads", config.ioThreads, 1, 64),

@@ -30,6 +30,16 @@ struct ConfigFile {
   ~ConfigFile() { fs::remove(path); }
 };
 
+// The runner's own TOOLHOST_SOCKET comes back when this goes.
+struct RestoreSocketEnv {
+  std::optional<std::string> value =
+      std::getenv("TOOLHOST_SOCKET") ? std::optional<std::string>(std::getenv("TOOLHOST_SOCKET"))
+                                     : std::nullopt;
+  ~RestoreSocketEnv() {
+    if (value) ::setenv("TOOLHOST_SOCKET", value->c_str(), 1);
+  }
+};
+
 boost::system::result<Config, ConfigError> load(const std::string& text) {
   ConfigFile file(text);
   CommandLine commandLine;
@@ -149,15 +159,7 @@ TEST_CASE("socket path: flag, then TOOLHOST_SOCKET, then config, too long refuse
   ConfigFile file("[server]\nsocket = \"/tmp/from-config.sock\"\n");
   CommandLine commandLine;
   commandLine.configFile = file.path;
-  // The runner's own TOOLHOST_SOCKET comes back afterwards.
-  struct Restore {
-    std::optional<std::string> value;
-    ~Restore() {
-      if (value) ::setenv("TOOLHOST_SOCKET", value->c_str(), 1);
-    }
-  } restore{std::getenv("TOOLHOST_SOCKET")
-                ? std::optional<std::string>(std::getenv("TOOLHOST_SOCKET"))
-                : std::nullopt};
+  RestoreSocketEnv restore;
   ::unsetenv("TOOLHOST_SOCKET");
   CHECK(loadConfig(commandLine)->socketPath == "/tmp/from-config.sock");
   ::setenv("TOOLHOST_SOCKET", "/tmp/from-env.sock", 1);
@@ -171,6 +173,23 @@ TEST_CASE("socket path: flag, then TOOLHOST_SOCKET, then config, too long refuse
   CHECK_THAT(tooLong.error().detail, Catch::Contains("at most 107 bytes"));
   commandLine.socketPath = "/tmp/" + std::string(102, 'x');  // 107 bytes
   CHECK(loadConfig(commandLine).has_value());
+}
+
+TEST_CASE("relative paths in the config file are relative to its folder", "[config]") {
+  ConfigFile file(
+      "[server]\nsocket = \"s.sock\"\n[state]\ndir = \"st\"\n"
+      "[secrets]\nkey_file = \"k.key\"\n");
+  CommandLine commandLine;
+  commandLine.configFile = file.path;
+  RestoreSocketEnv restore;
+  ::unsetenv("TOOLHOST_SOCKET");
+  auto config = loadConfig(commandLine);
+  REQUIRE(config.has_value());
+  const fs::path folder = file.path.parent_path();
+  CHECK(config->socketPath == folder / "s.sock");
+  CHECK(config->stateDir == folder / "st");
+  REQUIRE(config->secrets.keyFile.has_value());
+  CHECK(*config->secrets.keyFile == folder / "k.key");
 }
 
 TEST_CASE("[fetch]: opened ranges, the extra CA file, limits, what a reload applies",

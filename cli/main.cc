@@ -111,12 +111,18 @@ int callAndPrint(const std::filesystem::path& socket, const std::string& method,
     std::fprintf(stderr, "toolhostctl: %s\n", client.error().detail.c_str());
     return kExitConnect;
   }
-  auto response = client->call(method, params, timeout);
-  if (response && orTool && isMethodNotFound(*response)) {
+  auto asTool = [&] {
     json::object toolCall{{"name", method},
                           {"arguments", params.is_null() ? json::value(json::object{}) : params}};
-    response = client->call("tools.call", toolCall, timeout);
-  }
+    return client->call("tools.call", toolCall, timeout);
+  };
+  // Every method but ping has a dot in its name, and no tool name has one: a name without one is
+  // a tool's, called at once rather than tried as a method first (which would cost a request
+  // and leave a "no method" warning in the daemon's log).
+  const bool toolName = orTool && method != "ping" && method.find('.') == std::string::npos &&
+                        !method.starts_with("$/");
+  auto response = toolName ? asTool() : client->call(method, params, timeout);
+  if (response && orTool && !toolName && isMethodNotFound(*response)) response = asTool();
   if (!response) {
     std::fprintf(stderr, "toolhostctl: %s\n", response.error().detail.c_str());
     return kExitConnect;

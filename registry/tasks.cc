@@ -40,8 +40,10 @@ RegistryError storageError(const store::Store& store, const boost::system::error
 // A client-supplied string in a sentence: quoted and cut short, so a detail stays readable.
 std::string shown(std::string_view text) {
   constexpr std::size_t kMax = 80;
-  if (text.size() <= kMax) return "\"" + std::string(text) + "\"";
-  return "\"" + std::string(text.substr(0, kMax)) + "...\"";
+  std::string out = "\"";
+  out.append(text.substr(0, kMax));
+  out.append(text.size() <= kMax ? "\"" : "...\"");
+  return out;
 }
 
 template <std::size_t N>

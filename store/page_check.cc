@@ -57,7 +57,11 @@ std::pair<std::uintptr_t, std::uintptr_t> mapOf(const std::filesystem::path& fil
 
 class Walk {
  public:
-  explicit Walk(const std::filesystem::path& db) : db_(db) {}
+  Walk(const std::filesystem::path& db, bool walkPages) : db_(db), walkPages_(walkPages) {}
+
+  // Whether a commit made meanwhile overwrote the snapshot's meta page (run() then found
+  // nothing, whatever it met).
+  bool raced() const { return raced_; }
 
   std::vector<std::string> run() {
     MDB_env* rawEnv = nullptr;
@@ -96,6 +100,15 @@ class Walk {
       end_ = std::min<std::uintptr_t>(end, start + used);
     }
 
+    // Every page's header and node table first, from the roots down, reading only what lies
+    // inside the pages in use: what LMDB trusts there when it writes (a page's free-space
+    // bounds, its nodes' offsets, an overflow run's length) is what reads never look at.
+    if (walkPages_ && start_ != 0 && end_ - start_ == used) {
+      pageSize_ = envStat.ms_psize;
+      walkPages(mdb_txn_id(txn.get()));
+      if (raced_) return {};
+      if (!problems_.empty()) return std::move(problems_);
+    }
     walkFreeList(txn.get());
     MDB_dbi main = 0;
     if (int rc = mdb_dbi_open(txn.get(), nullptr, 0, &main)) return fail("no main table", rc);
@@ -206,12 +219,145 @@ class Walk {
                           ids[i], lastPage_));
           return;
         }
+        if (!seen_.empty() && seen_[ids[i]]) {
+          problem(fmt::format("the free page list names page {}, which a table uses", ids[i]));
+          return;
+        }
       }
     });
   }
 
+  // LMDB's on-disk layout (lmdb.h's MDB_page, MDB_node, MDB_meta, MDB_db), read by offset.
+  static constexpr std::size_t kHeader = 16;  // PAGEHDRSZ: pgno, pad, flags, lower/upper
+  static constexpr std::uint16_t kBranch = 0x01, kLeaf = 0x02, kOverflow = 0x04, kLeaf2 = 0x20;
+  static constexpr std::uint16_t kBigData = 0x01, kSubData = 0x02, kDupData = 0x04;
+  static constexpr std::size_t kDbSize = 48;      // MDB_db
+  static constexpr std::size_t kDbRoot = 40;      // md_root within MDB_db
+  static constexpr std::size_t kDbDepth = 6;      // md_depth (uint16)
+  static constexpr std::size_t kMetaDbs = 24;     // mm_dbs within MDB_meta
+  static constexpr std::size_t kMetaTxnid = 128;  // mm_txnid within MDB_meta
+  static constexpr std::uint64_t kNoPage = ~std::uint64_t{0};
+
+  template <class T>
+  T read(std::uint64_t page, std::size_t offset) const {
+    T value{};
+    std::memcpy(&value, reinterpret_cast<const void*>(start_ + page * pageSize_ + offset),
+                sizeof value);
+    return value;
+  }
+
+  // From the meta page of the snapshot being read: the main table's tree, and through it every
+  // table's, every page checked once.
+  void walkPages(std::uint64_t txnid) {
+    std::uint64_t meta = kNoPage;
+    for (std::uint64_t page : {0, 1}) {
+      if (read<std::uint64_t>(page, kHeader + kMetaTxnid) == txnid) meta = page;
+    }
+    // A writer overwrites the meta page of the snapshot two commits after it (a reader's slot
+    // keeps its pages, not its meta page): found in neither, or changed by the end of the walk,
+    // the roots may have been read while being written, and what the walk found says nothing.
+    if (meta == kNoPage) {
+      raced_ = true;
+      return;
+    }
+    seen_.assign(lastPage_ + 1, false);
+    const std::size_t freeDb = kHeader + kMetaDbs;            // mm_dbs[FREE_DBI]
+    const std::size_t mainDb = kHeader + kMetaDbs + kDbSize;  // mm_dbs[MAIN_DBI]
+    walkTree("(free pages)", read<std::uint64_t>(meta, freeDb + kDbRoot),
+             read<std::uint16_t>(meta, freeDb + kDbDepth), 1);
+    walkTree("(main)", read<std::uint64_t>(meta, mainDb + kDbRoot),
+             read<std::uint16_t>(meta, mainDb + kDbDepth), 1);
+    if (read<std::uint64_t>(meta, kHeader + kMetaTxnid) != txnid) raced_ = true;
+  }
+
+  // The tree under `page`, which should sit `level` of `depth` levels down.
+  void walkTree(const std::string& table, std::uint64_t page, std::uint16_t depth,
+                std::uint16_t level) {
+    if (page == kNoPage) return;  // an empty table
+    if (problems_.size() >= kMaxPageProblems) return;
+    auto bad = [&](const std::string& what) {
+      problem(fmt::format("table {}: page {}: {}", table, page, what));
+    };
+    if (page < 2 || page > lastPage_) return bad("outside the pages in use");
+    if (seen_[page]) return bad("reached twice");
+    seen_[page] = true;
+    if (level > depth) return bad(fmt::format("deeper than the table's depth {}", depth));
+    if (read<std::uint64_t>(page, 0) != page) return bad("its header names another page");
+    const auto flags = read<std::uint16_t>(page, 10);
+    const auto lower = read<std::uint16_t>(page, 12);
+    const auto upper = read<std::uint16_t>(page, 14);
+    const bool branch = (flags & kBranch) != 0;
+    const bool leaf = (flags & kLeaf) != 0;
+    if (branch == leaf || (flags & (kOverflow | kLeaf2)) != 0) {
+      return bad(fmt::format("flags {:#x} are not a branch or leaf page's", flags));
+    }
+    if (branch != (level < depth)) return bad("a branch where a leaf belongs, or the reverse");
+    if (lower < kHeader || lower > upper || upper > pageSize_ || (lower - kHeader) % 2 != 0) {
+      return bad(fmt::format("its free space runs from {} to {}", lower, upper));
+    }
+    const std::size_t nodes = (lower - kHeader) / 2;
+    if (branch && nodes == 0) return bad("a branch page without nodes");
+    for (std::size_t i = 0; i < nodes; ++i) {
+      const auto at = read<std::uint16_t>(page, kHeader + 2 * i);
+      if (at < upper || at + std::size_t{8} > pageSize_) {
+        return bad(fmt::format("node {} lies outside the page's node area", i));
+      }
+      const auto lo = read<std::uint16_t>(page, at);
+      const auto hi = read<std::uint16_t>(page, at + 2);
+      const auto nodeFlags = read<std::uint16_t>(page, at + 4);
+      const auto keySize = read<std::uint16_t>(page, at + 6);
+      const std::size_t data = at + std::size_t{8} + keySize;
+      if (data > pageSize_) return bad(fmt::format("node {}'s key runs past the page", i));
+      if (branch) {
+        const std::uint64_t child =
+            lo | (std::uint64_t{hi} << 16) | (std::uint64_t{nodeFlags} << 32);
+        walkTree(table, child, depth, level + 1);
+        continue;
+      }
+      const std::size_t size = lo | (std::size_t{hi} << 16);
+      if ((nodeFlags & kBigData) != 0) {
+        if (data + 8 > pageSize_) return bad(fmt::format("node {}'s value runs past the page", i));
+        walkOverflow(table, read<std::uint64_t>(page, data), size);
+        continue;
+      }
+      if (data + size > pageSize_) return bad(fmt::format("node {}'s value runs past the page", i));
+      if ((nodeFlags & kSubData) != 0 && (nodeFlags & kDupData) == 0 && size == kDbSize &&
+          table == "(main)") {
+        const std::string name(reinterpret_cast<const char*>(start_ + page * pageSize_ + at + 8),
+                               keySize);
+        walkTree(name, read<std::uint64_t>(page, data + kDbRoot),
+                 read<std::uint16_t>(page, data + kDbDepth), 1);
+      }
+    }
+  }
+
+  // A value of `size` bytes on its run of overflow pages from `page`.
+  void walkOverflow(const std::string& table, std::uint64_t page, std::size_t size) {
+    auto bad = [&](const std::string& what) {
+      problem(fmt::format("table {}: overflow page {}: {}", table, page, what));
+    };
+    const std::uint64_t pages = (kHeader - 1 + size) / pageSize_ + 1;  // OVPAGES
+    if (page < 2 || page > lastPage_ || pages > lastPage_ + 1 - page) {
+      return bad("its run lies outside the pages in use");
+    }
+    for (std::uint64_t p = page; p < page + pages; ++p) {
+      if (seen_[p]) return bad("reached twice");
+      seen_[p] = true;
+    }
+    if (read<std::uint64_t>(page, 0) != page) return bad("its header names another page");
+    if ((read<std::uint16_t>(page, 10) & kOverflow) == 0) return bad("not an overflow page");
+    if (read<std::uint32_t>(page, 12) != pages) {
+      return bad(fmt::format("counts {} pages for a value that takes {}",
+                             read<std::uint32_t>(page, 12), pages));
+    }
+  }
+
   const std::filesystem::path db_;
+  const bool walkPages_;
+  bool raced_ = false;
   std::vector<std::string> problems_;
+  std::size_t pageSize_ = 0;
+  std::vector<bool> seen_;  // pages the trees reached (walkPages)
   std::size_t lastPage_ = 0;
   std::uintptr_t start_ = 0;
   std::uintptr_t end_ = 0;
@@ -237,7 +383,15 @@ std::string shown(std::string output) {
 
 }  // namespace
 
-std::vector<std::string> walkDatabase(const std::filesystem::path& db) { return Walk(db).run(); }
+std::vector<std::string> walkDatabase(const std::filesystem::path& db) {
+  // A database being written can race the walk of its pages; a new snapshot, then without it.
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    Walk walk(db, true);
+    auto problems = walk.run();
+    if (!walk.raced()) return problems;
+  }
+  return Walk(db, false).run();
+}
 
 int runPageCheck(int argc, char** argv) {
   // Dies with the daemon; a crash here is an answer, not something to keep a core of.

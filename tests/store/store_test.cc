@@ -339,7 +339,8 @@ TEST_CASE("describe adds the map size and path to store errors") {
   CHECK(store->describe(StoreErrc::mapFull) ==
         "the state database is full (map size 3 MiB); raise [store] map_size_mb");
   CHECK(store->describe(StoreErrc::diskFull) ==
-        "the disk holding the state database " + store->databasePath().string() + " is full");
+        "the disk holding the state database " + store->databasePath().string() +
+            " is full (or its file reached the file size limit, ulimit -f)");
   CHECK_THAT(store->describe(StoreErrc::ioError), Catch::Contains(store->databasePath().string()));
   const boost::system::error_code other =
       boost::system::errc::make_error_code(boost::system::errc::timed_out);

@@ -247,10 +247,15 @@ StorageError storeFailure(const store::Store& store, const boost::system::error_
   if (std::string note; store.allowFailureLine(note)) {
     spdlog::warn("storage: the state database failed: {}{}", store.describe(ec), note);
   }
+  if (ec == store::StoreErrc::diskFull) {
+    return StorageError{StorageErrc::full,
+                        "the disk holding the daemon's state database is full; ask the operator "
+                        "to free space on it"};
+  }
   if (full) {
     return StorageError{StorageErrc::full,
-                        "the daemon's state database is full; ask the operator to free space or "
-                        "raise [store] map_size_mb"};
+                        "the daemon's state database is full; ask the operator to free space in "
+                        "it (storage.clear) or raise [store] map_size_mb"};
   }
   return StorageError{StorageErrc::failed,
                       "the daemon's state database failed; the operator will find the cause in "
@@ -454,7 +459,14 @@ StorageResult<StorageUsage> ToolStorage::clear(std::string_view tool) {
       rowsPerTransaction /= 2;
       continue;
     }
-    if (!written) return storeFailure(store_, written.error());
+    if (!written) {
+      auto failure = storeFailure(store_, written.error());
+      if (removed.keys > 0) {
+        failure.detail += "; " + std::to_string(removed.keys) +
+                          " keys were removed before it stopped: clear again for the rest";
+      }
+      return failure;
+    }
     --commits;
     removed.keys += written->keys;
     removed.bytes += written->bytes;

@@ -633,7 +633,8 @@ boost::system::error_code Store::runWrite(detail::FunctionRef<bool(WriteTxn&)> f
   // delete) the next one may still not fit. One small commit moves that along; then the write is
   // tried once more, its callback run again from the start (callbacks act only through their
   // transaction, whose first attempt left nothing behind).
-  if (ec == StoreErrc::mapFull && nudge()) ec = writeOnce(fn);
+  // The same holds on a full disk: the file cannot grow, so only freed pages make room.
+  if ((ec == StoreErrc::mapFull || ec == StoreErrc::diskFull) && nudge()) ec = writeOnce(fn);
   if (ec == StoreErrc::mapFull || ec == StoreErrc::diskFull) writesFull_.store(true);
   if (ec == StoreErrc::ioError || ec == StoreErrc::permissionDenied || ec == StoreErrc::fatal ||
       ec == StoreErrc::corrupt) {

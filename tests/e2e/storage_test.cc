@@ -411,3 +411,34 @@ TEST_CASE("daemon.health says so when writes fail for a reason other than room",
   CHECK(callTool(client, "writer").at("ok") == true);
   CHECK(resultOf(client.call("daemon.health")).at("status") == "ok");
 }
+
+TEST_CASE("storage.clear frees a full disk too", "[e2e][storage]") {
+  // As a full map, but the file cannot grow (here: the file size limit): only the pages earlier
+  // commits freed make room, which LMDB reuses from the commit after the next.
+  DaemonOptions options;
+  options.fileSizeLimitBytes = 3 << 20;
+  auto daemon = DaemonProcess::start(options);
+  RawClient client(daemon->socket());
+  deploy(client,
+         storageTool(
+             "filler",
+             "export default async (a, ctx) => {\n"
+             "  let stored = 0;\n"
+             "  for (const [count, size] of [[200, 60000], [2000, 100]]) {\n"
+             "    for (let i = 0; i < count; i++) {\n"
+             "      try { await ctx.storage.set(size + '-' + i, 'y'.repeat(size)); ++stored; }\n"
+             "      catch (e) { break; }\n"
+             "    }\n"
+             "  }\n"
+             "  return { stored };\n"
+             "};"));
+  auto filled = callTool(client, "filler");
+  INFO(toolhost::protocol::writeJson(filled));
+  const auto stored = filled.at("stored").to_number<std::int64_t>();
+  REQUIRE(stored > 40);
+  auto cleared = client.call("storage.clear", json::object{{"tool", "filler"}});
+  INFO(toolhost::protocol::writeJson(cleared));
+  REQUIRE(cleared.contains("result"));
+  CHECK(cleared.at("result").at("keys") == stored);
+  CHECK(resultOf(client.call("storage.list", json::object{{"tool", "filler"}})).at("keys") == 0);
+}

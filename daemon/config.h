@@ -91,6 +91,7 @@ struct CommandLine {
   std::optional<std::filesystem::path> configFile;
   std::optional<std::string> logLevel;
   std::optional<std::string> logFormat;
+  bool forgetSecrets = false;  // --forget-secrets: remove the stored secrets and exit
 };
 
 struct ConfigError {

@@ -156,6 +156,20 @@ int run(const daemon::Config& config, const daemon::CommandLine& commandLine) {
   }
   store::Store& store = **opened;
 
+  if (commandLine.forgetSecrets) {
+    auto removed = policy::SecretsVault::forgetAll(store);
+    if (!removed) {
+      spdlog::critical("cannot remove the stored secrets: {}", removed.error().message);
+      return 1;
+    }
+    std::printf(
+        "toolhostd: removed %llu stored secrets and the record of their key from %s; tools, "
+        "decisions and storage are kept. The next start uses the key it finds (or makes one); "
+        "set the secrets again with toolhostctl secrets set.\n",
+        static_cast<unsigned long long>(*removed), config.stateDir.c_str());
+    return 0;
+  }
+
   // The secrets vault's key, checked before anything else writes: a missing or wrong key stops
   // the daemon here and changes nothing.
   auto vault = policy::SecretsVault::open(store, daemon::chooseSecretsKey(config));
@@ -374,6 +388,9 @@ int main(int argc, char** argv) {
   app.add_option("--config", configFile, "TOML configuration file")->check(CLI::ExistingFile);
   app.add_option("--log-level", logLevel, "trace, debug, info, warn, error, critical or off");
   app.add_option("--log-format", logFormat, "auto (text on a terminal, else JSON lines), text or json");
+  app.add_flag("--forget-secrets", commandLine.forgetSecrets,
+               "remove every stored secret and the record of their key, then exit (after the "
+               "secrets key was lost: nothing can read them; the daemon must not be running)");
   app.set_version_flag("--version", std::string("toolhostd ") + TOOLHOST_VERSION);
   try {
     app.parse(argc, argv);

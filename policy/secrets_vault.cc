@@ -52,6 +52,12 @@ VaultError error(VaultErrc code, std::string message) {
   return VaultError{code, std::move(message), {}};
 }
 
+// The way on when the key is gone for good.
+constexpr const char* kLostKeyAdvice =
+    ". If it is lost, nothing can read those secrets: `toolhostd --forget-secrets` (with this "
+    "daemon's --state-dir or --config, while it is stopped) removes them and keeps the tools, "
+    "decisions and storage; then set them again";
+
 VaultError storageError(const store::Store& store, const boost::system::error_code& ec) {
   return VaultError{VaultErrc::storage, "the secrets table: " + store.describe(ec), ec};
 }
@@ -371,8 +377,9 @@ std::optional<VaultError> parseKey(const std::string& text, unsigned char* out,
                "the secrets key " + source.path.string() + " (" + source.description + ") is " +
                    std::to_string(text.size()) +
                    " bytes that are not a key: it must hold exactly 32 raw bytes, 64 hex "
-                   "characters, or 44 base64 characters (a trailing newline is allowed); make "
-                   "one with: head -c 32 /dev/urandom > " +
+                   "characters, or 44 base64 characters (a trailing newline is allowed). If "
+                   "secrets were stored with a key before, restore that one; else make one "
+                   "with: head -c 32 /dev/urandom > " +
                    source.path.string());
 }
 
@@ -547,6 +554,26 @@ SecretsVault::SecretsVault(store::Store& store, std::unique_ptr<Key> key, fs::pa
 
 SecretsVault::~SecretsVault() = default;
 
+Result<std::uint64_t> SecretsVault::forgetAll(store::Store& store) {
+  const store::Table secrets = store.table(kSecretsTable);
+  const store::Table meta = store.table(kMetaTable);
+  auto removed = store.write([&](store::WriteTxn& txn) -> boost::system::result<std::uint64_t> {
+    std::uint64_t count = 0;
+    for (const auto table : {secrets, meta}) {
+      std::vector<std::string> keys;
+      txn.scan(table, store::KeyRange::all(), [&](std::string_view key, std::string_view) {
+        keys.emplace_back(key);
+        return true;
+      });
+      for (const auto& key : keys) txn.erase(table, key);
+      if (table == secrets) count = keys.size();
+    }
+    return count;
+  });
+  if (!removed) return storageError(store, removed.error());
+  return *removed;
+}
+
 Result<std::unique_ptr<SecretsVault>> SecretsVault::open(store::Store& store,
                                                          const KeySource& source) {
   const std::string path = source.path.string();
@@ -578,9 +605,10 @@ Result<std::unique_ptr<SecretsVault>> SecretsVault::open(store::Store& store,
   const bool missing = !fs::exists(status);
   if (missing) {
     if (held->secrets > 0 || held->keyCheck) {
-      return error(VaultErrc::keyMissing, "the secrets key " + path +
-                                              " is missing; restore it (the stored secrets "
-                                              "cannot be read without it)");
+      return error(VaultErrc::keyMissing,
+                   "the secrets key " + path +
+                       " is missing; restore it (the stored secrets cannot be read without it)" +
+                       kLostKeyAdvice);
     }
     if (!source.mayCreate) {
       return error(VaultErrc::keyMissing, "the secrets key " + path + " (" + source.description +
@@ -594,7 +622,10 @@ Result<std::unique_ptr<SecretsVault>> SecretsVault::open(store::Store& store,
 
   const VaultError mismatch =
       error(VaultErrc::keyMismatch,
-            "the secrets key " + path + " does not match the one the secrets were stored with");
+            "the secrets key " + path +
+                " does not match the one the secrets were stored with; restore that key (a "
+                "backup of the file, or the credential it came from)" +
+                kLostKeyAdvice);
   if (held->keyCheck) {
     auto parsed = protocol::parseJson(*held->keyCheck);
     auto sealed = parsed && parsed->is_object() ? parseSealed(parsed->as_object()) : std::nullopt;

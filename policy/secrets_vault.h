@@ -130,6 +130,11 @@ class SecretsVault {
   static boost::system::result<std::unique_ptr<SecretsVault>, VaultError> open(
       store::Store& store, const KeySource& key);
 
+  // Removes every stored secret and the record of the key they were stored with, so that the
+  // next open() takes whatever key it finds (toolhostd --forget-secrets: the way on after the
+  // key was lost, when nothing can read them any more). How many secrets were removed.
+  static boost::system::result<std::uint64_t, VaultError> forgetAll(store::Store& store);
+
   ~SecretsVault();
   SecretsVault(const SecretsVault&) = delete;
   SecretsVault& operator=(const SecretsVault&) = delete;

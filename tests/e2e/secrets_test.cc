@@ -569,11 +569,34 @@ TEST_CASE("secrets: a wrong or missing key stops the daemon at start and changes
     refusedStart("the secrets key " + keyFile.string() +
                  " does not match the one the secrets were stored with");
     CHECK(readFile(keyFile) == std::string(32, 'x'));
+    // The old key is lost for good: the stored secrets go, everything else stays, and the
+    // daemon starts with the new key.
+    auto forgot = runProgram({daemonBinary().string(), "--state-dir", options.stateDir->string(),
+                              "--log-format", "text", "--forget-secrets"});
+    INFO(forgot.out << forgot.err);
+    CHECK(forgot.status == 0);
+    CHECK_THAT(forgot.out, Catch::Contains("removed 1 stored secrets"));
+    auto daemon = DaemonProcess::start(options);
+    Peer admin(daemon->socket());
+    CHECK(resultOf(admin.call("secrets.list")).at("secrets").as_array().empty());
+    bool kept = false;
+    const auto tools = resultOf(admin.call("tools.list"));
+    for (const auto& tool : tools.at("tools").as_array()) {
+      kept = kept || tool.at("name") == "user";
+    }
+    CHECK(kept);
+    resultOf(
+        admin.call("secrets.set", json::object{{"tool", "user"},
+                                               {"name", "api_key"},
+                                               {"value", kValue},
+                                               {"origins", json::array{"https://a.example"}}}));
+    REQUIRE(daemon->stop() == 0);
   }
   SECTION("no key") {
     fs::remove(keyFile);
     refusedStart("the secrets key " + keyFile.string() +
-                 " is missing; restore it (the stored secrets cannot be read without it)");
+                 " is missing; restore it (the stored secrets cannot be read without it). If "
+                 "it is lost, nothing can read those secrets: `toolhostd --forget-secrets`");
     CHECK_FALSE(fs::exists(keyFile));
   }
   SECTION("a malformed key") {

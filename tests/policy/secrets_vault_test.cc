@@ -321,9 +321,10 @@ TEST_CASE("vault: the key file is created 0600 only when nothing is stored", "[v
     const std::string before = readFile(dir.state() / "db" / "data.mdb");
     auto failed = openError(dir.state(), keyAt(keyFile));
     CHECK(failed.code == VaultErrc::keyMissing);
-    CHECK(failed.message == "the secrets key " + keyFile.string() +
-                                " is missing; restore it (the stored secrets cannot be read "
-                                "without it)");
+    CHECK_THAT(failed.message, Catch::StartsWith("the secrets key " + keyFile.string() +
+                                                 " is missing; restore it (the stored secrets "
+                                                 "cannot be read without it)") &&
+                                   Catch::Contains("toolhostd --forget-secrets"));
     CHECK_FALSE(fs::exists(keyFile));
     CHECK(readFile(dir.state() / "db" / "data.mdb") == before);
   }
@@ -341,8 +342,10 @@ TEST_CASE("vault: the key file is created 0600 only when nothing is stored", "[v
     const std::string before = readFile(dir.state() / "db" / "data.mdb");
     auto failed = openError(dir.state(), keyAt(keyFile));
     CHECK(failed.code == VaultErrc::keyMismatch);
-    CHECK(failed.message == "the secrets key " + keyFile.string() +
-                                " does not match the one the secrets were stored with");
+    CHECK_THAT(failed.message, Catch::StartsWith("the secrets key " + keyFile.string() +
+                                                 " does not match the one the secrets were "
+                                                 "stored with; restore that key") &&
+                                   Catch::Contains("toolhostd --forget-secrets"));
     CHECK(readFile(dir.state() / "db" / "data.mdb") == before);
     CHECK(readFile(keyFile) == std::string(32, 'k'));
   }

@@ -535,6 +535,13 @@ TEST_CASE("secrets: a refused secrets.set never repeats or logs its value", "[e2
 
 TEST_CASE("secrets: a wrong or missing key stops the daemon at start and changes nothing",
           "[e2e][secrets]") {
+  auto setSecret = [](Peer& admin) {
+    resultOf(
+        admin.call("secrets.set", json::object{{"tool", "user"},
+                                               {"name", "api_key"},
+                                               {"value", kValue},
+                                               {"origins", json::array{"https://a.example"}}}));
+  };
   TempDir state;
   DaemonOptions options;
   options.stateDir = state.path() / "state";
@@ -542,11 +549,7 @@ TEST_CASE("secrets: a wrong or missing key stops the daemon at start and changes
     auto daemon = DaemonProcess::start(options);
     Peer admin(daemon->socket());
     deploy(admin, jsTool("user", kUser, json::object{{"secrets", json::array{"api_key"}}}));
-    resultOf(
-        admin.call("secrets.set", json::object{{"tool", "user"},
-                                               {"name", "api_key"},
-                                               {"value", kValue},
-                                               {"origins", json::array{"https://a.example"}}}));
+    setSecret(admin);
     REQUIRE(daemon->stop() == 0);
   }
   const fs::path keyFile = *options.stateDir / "secrets.key";
@@ -585,11 +588,7 @@ TEST_CASE("secrets: a wrong or missing key stops the daemon at start and changes
       kept = kept || tool.at("name") == "user";
     }
     CHECK(kept);
-    resultOf(
-        admin.call("secrets.set", json::object{{"tool", "user"},
-                                               {"name", "api_key"},
-                                               {"value", kValue},
-                                               {"origins", json::array{"https://a.example"}}}));
+    setSecret(admin);
     REQUIRE(daemon->stop() == 0);
   }
   SECTION("no key") {

@@ -3,6 +3,7 @@
 // with echo., daemon., v8. and meta.). Printed as markdown, and written to a file when asked.
 #include "bench/bench.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -63,6 +64,70 @@ struct Row {
   Target target = Target::none;
   double bound = 0;
 };
+
+// What a sandboxed call pays at least, from the parts the design cannot drop, each measured in
+// this run: the daemon's own path (its built-in tool: parse, dispatch, both schemas, the answer;
+// no hop, no V8), what one hop adds to the echo (through a process; the thread hop costs about
+// the same), and the in-process V8 call. Their sum against the target shows which targets a
+// faster implementation of this design could reach on this machine and which it could not.
+void partsTable(std::ostringstream& out, const Figures& f) {
+  auto n = [&](const std::string& key) { return f.number(key); };
+  struct Part {
+    const char* what;
+    const char* key;
+    const char* unit;
+    double target;
+  };
+  const std::vector<Part> parts{
+      {"Warm call, sequential, p50", "seq.p50_us", "µs", 1.3},
+      {"Server CPU per call, 64 in flight", "tput.64.server_cpu_us_per_call", "µs", 3.0}};
+  const auto v8call = n("v8.warm_async.p50_us");
+  out << "\nThe parts every sandboxed call pays, measured in this run, against the target: the "
+         "daemon without a sandbox (built-in tool), what one hop adds (echo through a process "
+         "minus echo), the in-process V8 call (`async (args) => args`, JSON in and out); each "
+         "with its ratio to the echo:\n\n";
+  out << "| measurement | daemon, built-in tool | + one hop | + V8 call | sum | toolhostd, "
+         "sandboxed "
+         "tool | target |\n|---|---:|---:|---:|---:|---:|---:|\n";
+  for (const auto& part : parts) {
+    const auto base = n(std::string("echo.") + part.key);
+    const auto daemon = n(std::string("native.") + part.key);
+    const auto hop = n(std::string("hopprocess.") + part.key);
+    const auto sandboxed = n(std::string("daemon.") + part.key);
+    if (!base || *base <= 0 || !daemon || !hop || !v8call || !sandboxed) continue;
+    const double added = std::max(0.0, *hop - *base);
+    const double sum = *daemon + added + *v8call;
+    auto cell = [&](double value) {
+      char text[64];
+      std::snprintf(text, sizeof text, " (%.2f×)", value / *base);
+      return format(value, part.unit) + text;
+    };
+    char target[32];
+    std::snprintf(target, sizeof target, "≤ %.1f×", part.target);
+    out << "| " << part.what << " | " << cell(*daemon) << " | " << cell(added) << " | "
+        << cell(*v8call) << " | " << cell(sum) << " | " << cell(*sandboxed) << " | " << target
+        << " |\n";
+  }
+  // Throughput: the most the machine's cores allow at the parts' CPU per call, the client's
+  // own CPU per call included (it runs on the same cores).
+  const auto echoCalls = n("echo.tput.64.calls_per_s");
+  const auto echoCpu = n("echo.tput.64.server_cpu_us_per_call");
+  const auto daemonCpu = n("native.tput.64.server_cpu_us_per_call");
+  const auto hopCpu = n("hopprocess.tput.64.server_cpu_us_per_call");
+  const auto clientCpu = n("daemon.tput.64.client_cpu_us_per_call");
+  const auto cores = n("meta.nproc");
+  if (echoCalls && echoCpu && daemonCpu && hopCpu && clientCpu && cores && v8call &&
+      *echoCalls > 0) {
+    const double cpu = *daemonCpu + std::max(0.0, *hopCpu - *echoCpu) + *v8call + *clientCpu;
+    const double most = *cores * 1e6 / cpu;
+    char text[64];
+    std::snprintf(text, sizeof text, " (%.2f×)", most / *echoCalls);
+    out << "\nThroughput with 64 in flight, at most, with those parts' CPU per call and the "
+           "client's on "
+        << format(cores, "") << " cores: " << format(most, "calls/s") << text
+        << " of the echo's; target ≥ 0.6×.\n";
+  }
+}
 
 }  // namespace
 
@@ -182,6 +247,7 @@ int runReport(const ReportOptions& options) {
       }
       out << " " << row.target << " |\n";
     }
+    partsTable(out, f);
   }
 
   out << "\nOther figures of the same run:\n\n";

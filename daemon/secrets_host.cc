@@ -40,10 +40,12 @@ bool requests(const json::object& manifest, std::string_view name) {
   return std::find(names.begin(), names.end(), name) != names.end();
 }
 
-// The command an admin runs to set `name` for `tool`.
-std::string setCommand(const std::string& tool, const std::string& name,
-                       const std::string& origin = "https://...") {
-  return "toolhostctl secrets set " + tool + " " + name + " --origin " + origin;
+// The command an admin runs to set `name` for the revision of `tool` that asked (which need not
+// be the active one: a call may name its revision).
+std::string setCommand(const std::string& tool, const std::string& revision,
+                       const std::string& name, const std::string& origin = "https://...") {
+  return "toolhostctl secrets set " + tool + " " + name + " --origin " + origin + " --revision " +
+         revision;
 }
 
 HostOpFailure unavailable(const policy::VaultError& error, const std::string& name) {
@@ -176,10 +178,10 @@ runtime::HostOpResult SecretsHost::placeholder(const registry::ToolRevision& cal
   if (!resolved) return unavailable(resolved.error(), name);
   if (!*resolved) {
     auditDenial(caller, name, "secret-not-found");
-    return HostOpFailure{"secret-not-found",
-                         "no secret " + name + " is set for this revision of " + caller.name +
-                             "; an admin sets it with: " + setCommand(caller.name, name) +
-                             " (the value is read from stdin)"};
+    return HostOpFailure{"secret-not-found", "no secret " + name + " is set for this revision of " +
+                                                 caller.name + "; an admin sets it with: " +
+                                                 setCommand(caller.name, caller.revision, name) +
+                                                 " (the value is read from stdin)"};
   }
   return json::value(issue(caller, name));
 }
@@ -209,10 +211,10 @@ boost::system::result<SecretsHost::Use, HostOpFailure> SecretsHost::use(
   auto resolved = resolve(toolName, revision, name);
   if (!resolved) return unavailable(resolved.error(), name);
   if (!*resolved) {
-    return HostOpFailure{
-        "secret-not-found",
-        "the secret " + name + " is no longer set for this revision of " + toolName +
-            "; nothing was sent. An admin sets it with: " + setCommand(toolName, name, origin)};
+    return HostOpFailure{"secret-not-found",
+                         "the secret " + name + " is no longer set for this revision of " +
+                             toolName + "; nothing was sent. An admin sets it with: " +
+                             setCommand(toolName, revision, name, origin)};
   }
   policy::SecretRecord record = std::move((*resolved)->record);
   Use out{name, {}};
@@ -243,7 +245,7 @@ boost::system::result<SecretsHost::Use, HostOpFailure> SecretsHost::use(
                              " (it may be sent to " + granted +
                              " only); nothing was sent. To grant it, an admin sets it again "
                              "with: " +
-                             setCommand(toolName, name, origin)};
+                             setCommand(toolName, revision, name, origin)};
   }
   if (placement == Placement::body && !record.allowBody) {
     return HostOpFailure{"secret-not-allowed",

@@ -394,7 +394,8 @@ TEST_CASE("secrets: only what the manifest requests, another revision's placehol
   auto missing = s.run("unset", json::object{{"mode", "return"}});
   CHECK(codeOf(missing) == "secret-not-found");
   CHECK_THAT(text(missing.at("message")),
-             Catch::Contains("toolhostctl secrets set unset api_key --origin"));
+             Catch::Contains("toolhostctl secrets set unset api_key --origin") &&
+                 Catch::Contains(" --revision sha256:"));
 
   // user's placeholder, sent by another tool (with a secret of its own for the same origin):
   // refused, nothing sent.

@@ -266,7 +266,16 @@ void Registry::bindingsWritten() {
 
 Result<ToolRevisionPtr> Registry::getActive(const std::string& name) {
   auto binding = tryBinding(name);
-  if (!binding) return RegistryError{RegistryErrc::notFound, "no active tool named " + name};
+  if (!binding) {
+    std::string detail = "no active tool named " + name.substr(0, 80);
+    // Installed but never activated (or deactivated) is the common mistake: say what to do.
+    if (auto installed = history(name); installed && !installed->empty()) {
+      detail += ": it has " + std::to_string(installed->size()) +
+                " installed revision(s), none active; bind one with tools.activate {name, "
+                "revision} (tools.history lists them)";
+    }
+    return RegistryError{RegistryErrc::notFound, std::move(detail)};
+  }
   return getRevision(binding->revision, name);
 }
 

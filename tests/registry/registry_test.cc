@@ -134,6 +134,14 @@ TEST_CASE("bindings: activate, conflict without replace, changes listed", "[regi
   REQUIRE(v2.has_value());
 
   CHECK_FALSE(registry.tryBinding("weather-lookup").has_value());
+  // Installed, not active: the error says what to do.
+  auto inactive = registry.getActive("weather-lookup");
+  REQUIRE_FALSE(inactive.has_value());
+  CHECK(inactive.error().code == RegistryErrc::notFound);
+  CHECK_THAT(inactive.error().detail, Catch::Contains("2 installed revision(s), none active") &&
+                                          Catch::Contains("tools.activate"));
+  CHECK(registry.getActive("never-installed").error().detail ==
+        "no active tool named never-installed");
   auto first = registry.activate("weather-lookup", v1->revision, false);
   REQUIRE(first.has_value());
   CHECK(first->changed);

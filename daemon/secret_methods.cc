@@ -2,6 +2,7 @@
 
 #include "daemon/errors.h"
 #include "daemon/registry_errors.h"
+#include "daemon/secrets_host.h"
 #include "protocol/content_hash.h"
 #include "registry/manifest.h"
 
@@ -244,7 +245,9 @@ void registerSecretMethods(MethodTable& methods, SecretServices services) {
       "secrets.delete",
       "Removes the secret `name` of one tool revision (default: the tool's active one; a secret "
       "that a revision uses through carry is deleted under the revision it was set for, as "
-      "secrets.list shows). Returns {deleted: whether it existed, tool, revision, name}.",
+      "secrets.list shows). Returns {deleted: whether it existed, tool, revision, name}, and "
+      "when the revision uses a secret carried from another, carriedFrom (that revision) and a "
+      "detail.",
       RoleSet{Role::admin},
       paramsWith(json::object{{"tool", kTool}, {"revision", kRevision}, {"name", kSecretName}},
                  {"tool", "name"}),
@@ -260,10 +263,25 @@ void registerSecretMethods(MethodTable& methods, SecretServices services) {
         if (*erased) {
           auditChange(services.audit, *tool, name, "deleted", "deleted by " + who(context));
         }
-        co_return json::value(json::object{{"deleted", *erased},
-                                           {"tool", tool->name},
-                                           {"revision", tool->revision},
-                                           {"name", name}});
+        json::object answer{{"deleted", *erased},
+                            {"tool", tool->name},
+                            {"revision", tool->revision},
+                            {"name", name}};
+        if (!*erased) {
+          // The revision may still use a secret carried from an earlier one: say where it is.
+          auto carried = co_await services.disk.run([&] {
+            return resolveSecret(services.registry, services.vault, tool->name, tool->revision,
+                                 name);
+          });
+          if (carried && *carried && (*carried)->resolution == policy::Resolution::carried) {
+            const std::string& from = (*carried)->record.revision;
+            answer["carriedFrom"] = from;
+            answer["detail"] = "this revision has no " + name + " of its own; it uses the one " +
+                               "carried from revision " + from +
+                               ", which stays: delete that one with revision " + from;
+          }
+        }
+        co_return json::value(std::move(answer));
       }});
 }
 

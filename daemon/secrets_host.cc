@@ -139,13 +139,13 @@ void SecretsHost::auditDenial(const registry::ToolRevision& caller, const std::s
   audit_.append(std::move(entry));
 }
 
-boost::system::result<std::optional<policy::ResolvedSecret>, policy::VaultError>
-SecretsHost::resolve(const std::string& toolName, const std::string& revision,
-                     const std::string& name) {
+boost::system::result<std::optional<policy::ResolvedSecret>, policy::VaultError> resolveSecret(
+    registry::Registry& registry, const policy::SecretsVault& vault, const std::string& toolName,
+    const std::string& revision, const std::string& name) {
   // The tool's revisions oldest first; those installed strictly before this one may carry to
   // it. (A revision the history does not list, a built-in one, gets its own secrets only.)
   std::vector<std::string> installedBefore;
-  if (auto history = registry_.history(toolName)) {
+  if (auto history = registry.history(toolName)) {
     auto own = std::find_if(
         history->begin(), history->end(),
         [&](const registry::HistoryEntry& entry) { return entry.revision == revision; });
@@ -155,7 +155,13 @@ SecretsHost::resolve(const std::string& toolName, const std::string& revision,
       }
     }
   }
-  return vault_.tryResolve(toolName, revision, name, installedBefore);
+  return vault.tryResolve(toolName, revision, name, installedBefore);
+}
+
+boost::system::result<std::optional<policy::ResolvedSecret>, policy::VaultError>
+SecretsHost::resolve(const std::string& toolName, const std::string& revision,
+                     const std::string& name) {
+  return resolveSecret(registry_, vault_, toolName, revision, name);
 }
 
 runtime::HostOpResult SecretsHost::placeholder(const registry::ToolRevision& caller,

@@ -55,6 +55,12 @@ policy::KeySource chooseSecretsKey(const Config& config);
 // Where in a request a placeholder was found.
 enum class Placement { header, body };
 
+// The secret `name` as revision `revision` of `toolName` sees it: its own row, or one carried
+// from a revision installed before it (policy::SecretsVault::tryResolve). Any thread.
+boost::system::result<std::optional<policy::ResolvedSecret>, policy::VaultError> resolveSecret(
+    registry::Registry& registry, const policy::SecretsVault& vault, const std::string& toolName,
+    const std::string& revision, const std::string& name);
+
 class SecretsHost {
  public:
   SecretsHost(policy::SecretsVault& vault, policy::AuditLog& audit, registry::Registry& registry,

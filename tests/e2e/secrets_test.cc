@@ -445,6 +445,11 @@ TEST_CASE("secrets: carry follows later revisions that request it, the activate 
   CHECK(moved.at("secrets").at("missing") == json::array{});
   auto echo = echoOf(s.run("carried", json::object{{"url", s.granted.url("/echo")}}));
   CHECK(headerOf(echo, "authorization") == "Bearer [redacted]");
+  // Deleting it from the active revision deletes nothing, and says where it lives.
+  auto notHere = resultOf(
+      s.admin->call("secrets.delete", json::object{{"tool", "carried"}, {"name", "api_key"}}));
+  CHECK(notHere.at("deleted") == false);
+  CHECK(notHere.at("carriedFrom") == json::value(v1));
 
   auto notCarried = activate("stays", "revision two", json::array{"api_key"});
   CHECK(notCarried.at("secrets").at("carried") == json::array{});

@@ -347,6 +347,14 @@ void registerToolMethods(MethodTable& methods, ToolServices services) {
                       "params.taskId: " + id + " is not a function call of this revision (" +
                       tool->revision + "): a call's subtasks follow the call it executes");
                 }
+                // And it runs that call: with the arguments the task records, not others.
+                const auto* recorded = call->as_object().if_contains("arguments");
+                if (recorded != nullptr && *recorded != json::value(arguments)) {
+                  co_return invalidParams("params.arguments: not the arguments the function call " +
+                                          id +
+                                          " records; a call that executes a task runs it "
+                                          "as recorded");
+                }
               }
               options.invocation["taskId"] = *task;
             }

@@ -585,6 +585,12 @@ TEST_CASE("tasks: tools.call takes as taskId only a function call of the revisio
     CHECK_THAT(errorDetail(refused), Catch::Contains("not a function call of this revision"));
   }
   CHECK(errorKind(call(std::string(kUnknownId))) == "not-found");
+  // It runs the call as recorded: other arguments are refused.
+  auto other = client.call("tools.call", json::object{{"name", "weather"},
+                                                      {"arguments", json::object{{"city", "Rome"}}},
+                                                      {"taskId", idOf(chain[1])}});
+  CHECK(errorCode(other) == -32602);
+  CHECK_THAT(errorDetail(other), Catch::Contains("not the arguments the function call"));
 }
 
 TEST_CASE("the answers a client has not read stay bounded: the excess is output-too-large",
@@ -679,13 +685,17 @@ TEST_CASE("tasks: a tool's subtasks are the assistant's messages and calls, noth
                                               {"result", json::object{{"paid", 5}}}},
                                  callDraft("subtasker", json::object{})},
                      gammaCall);
-  const std::string subtaskerCall = idOf(more[1]);
-  auto run = [&](json::array drafts) {
-    auto answer = client.call(
-        "tools.call", json::object{{"name", "subtasker"},
-                                   {"taskId", subtaskerCall},
-                                   {"arguments", json::object{{"drafts", std::move(drafts)}}}});
-    return resultOf(answer).at("result").as_object();
+  // Each call executes a function call of its own, recorded with the arguments it runs with.
+  const std::string afterResult = idOf(more[0]);
+  auto callWith = [&](json::array drafts) {
+    json::object arguments{{"drafts", std::move(drafts)}};
+    auto task = append(client, json::array{callDraft("subtasker", arguments)}, afterResult);
+    return resultOf(client.call(
+        "tools.call",
+        json::object{{"name", "subtasker"}, {"taskId", idOf(task[0])}, {"arguments", arguments}}));
+  };
+  auto run = [&](json::array drafts) -> json::object {
+    return callWith(std::move(drafts)).at("result").as_object();
   };
   auto refused = [&](json::object draft, std::string_view words) {
     auto outcome = run(json::array{std::move(draft)});
@@ -722,16 +732,10 @@ TEST_CASE("tasks: a tool's subtasks are the assistant's messages and calls, noth
 
   // What a tool may make: the assistant's words and calls. The answer holds them beside the
   // result, as the daemon compiled them: what an agent commits, whatever the tool returns.
-  auto answer = resultOf(client.call(
-      "tools.call",
-      json::object{
-          {"name", "subtasker"},
-          {"taskId", subtaskerCall},
-          {"arguments",
-           json::object{{"drafts", json::array{
-                                       message("assistant", "on it"),
-                                       callDraft("gamma", json::object{{"city", "Bergen"}}),
-                                   }}}}}));
+  auto answer = callWith(json::array{
+      message("assistant", "on it"),
+      callDraft("gamma", json::object{{"city", "Bergen"}}),
+  });
   auto made = answer.at("result").as_object();
   INFO(json::serialize(answer));
   REQUIRE(made.contains("tasks"));
@@ -740,11 +744,7 @@ TEST_CASE("tasks: a tool's subtasks are the assistant's messages and calls, noth
   REQUIRE(answer.contains("subtasks"));
   CHECK(answer.at("subtasks") == json::value(tasks));
   // A call whose drafts were refused made none.
-  auto none = resultOf(client.call(
-      "tools.call",
-      json::object{{"name", "subtasker"},
-                   {"taskId", subtaskerCall},
-                   {"arguments", json::object{{"drafts", json::array{message("user", "x")}}}}}));
+  auto none = callWith(json::array{message("user", "x")});
   CHECK_FALSE(none.contains("subtasks"));
   CHECK(tasks[1].at("call").at("toolRevision") == json::value(gamma));
   auto committed = resultOf(client.call("tasks.commit", json::object{{"tasks", tasks}}));

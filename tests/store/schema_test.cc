@@ -444,3 +444,31 @@ TEST_CASE("the page walk finds nothing wrong with a database being written meanw
   CHECK(WIFEXITED(status));
   CHECK(found == 0);
 }
+
+TEST_CASE(
+    "a value rewritten smaller in one transaction keeps its longer overflow run, and that is "
+    "no damage",
+    "[store][pages]") {
+  // LMDB writes the smaller value over the run the larger one took earlier in the same
+  // transaction and keeps the run's length (ctx.storage batches can do this to one key).
+  TempDir tmp;
+  const auto db = tmp.state() / "db";
+  std::filesystem::create_directories(db);
+  MDB_env* env = nullptr;
+  REQUIRE(mdb_env_create(&env) == 0);
+  REQUIRE(mdb_env_set_maxdbs(env, 8) == 0);
+  REQUIRE(mdb_env_open(env, db.c_str(), MDB_NOTLS, 0600) == 0);
+  MDB_txn* txn = nullptr;
+  REQUIRE(mdb_txn_begin(env, nullptr, 0, &txn) == 0);
+  MDB_dbi dbi = 0;
+  REQUIRE(mdb_dbi_open(txn, "items", MDB_CREATE, &dbi) == 0);
+  std::string value(40000, 'x');
+  MDB_val k{1, const_cast<char*>("k")};
+  MDB_val v{value.size(), value.data()};
+  REQUIRE(mdb_put(txn, dbi, &k, &v, 0) == 0);
+  v.mv_size = 5000;
+  REQUIRE(mdb_put(txn, dbi, &k, &v, 0) == 0);
+  REQUIRE(mdb_txn_commit(txn) == 0);
+  mdb_env_close(env);
+  CHECK(walkDatabase(db).empty());
+}

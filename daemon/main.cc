@@ -112,6 +112,14 @@ int run(const daemon::Config& config, const daemon::CommandLine& commandLine) {
   // The configuration in force: SIGHUP swaps it; connections take a snapshot when accepted.
   daemon::ConfigHolder configs(config);
 
+  // Forgetting secrets is for a database that exists: a mistyped directory must not become a
+  // new, empty state.
+  if (commandLine.forgetSecrets && !std::filesystem::exists(config.stateDir / "db" / "data.mdb")) {
+    spdlog::critical("no state database in {}: nothing to forget (check --state-dir or --config)",
+                     config.stateDir.string());
+    return 1;
+  }
+
   // A state directory another user controls would let them plant the database and the secrets
   // key, or read them. Directories made here are private; one that exists keeps its mode (it may
   // be shared, such as /var/lib): what the daemon keeps in it is private anyway (db/ is 0700,

@@ -370,8 +370,9 @@ void registerToolMethods(MethodTable& methods, ToolServices services) {
               }
             } subtasks{ledger, ""};
             if (ledger != nullptr) {
-              // They share the call's output limit with its result; limits the runtime would
-              // refuse are refused there, before anything runs.
+              // Bounded by the call's output limit, as its result is (each on its own: the
+              // answer holds at most twice outputBytes); limits the runtime would refuse are
+              // refused there, before anything runs.
               auto limits = runtime::effectiveLimits(tool->manifest, options.limits,
                                                      services.sandboxes->config());
               subtasks.key =

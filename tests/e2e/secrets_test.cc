@@ -580,6 +580,10 @@ TEST_CASE("secrets: a wrong or missing key stops the daemon at start and changes
     CHECK(readFile(keyFile) == std::string(32, 'x'));
     // The old key is lost for good: the stored secrets go, everything else stays, and the
     // daemon starts with the new key.
+    auto nowhere = runProgram({daemonBinary().string(), "--state-dir",
+                               (state.path() / "typo").string(), "--forget-secrets"});
+    CHECK(nowhere.status == 1);
+    CHECK_FALSE(fs::exists(state.path() / "typo"));
     auto forgot = runProgram({daemonBinary().string(), "--state-dir", options.stateDir->string(),
                               "--log-format", "text", "--forget-secrets"});
     INFO(forgot.out << forgot.err);

@@ -786,3 +786,53 @@ TEST_CASE("tasks: a call's subtasks share its output limit", "[e2e][tasks]") {
   CHECK(answer.at("subtasks").as_array().size() == static_cast<std::size_t>(made));
   CHECK(json::serialize(answer.at("subtasks")).size() <= 4096);
 }
+
+TEST_CASE("tasks: a function call pinned to a definition of its lineage runs what it defines",
+          "[e2e][tasks]") {
+  auto daemon = DaemonProcess::start();
+  RawClient client(daemon->socket());
+  const std::string gamma = installActive(client, "gamma");
+  auto adder = definition("adder");
+  adder["definition"].as_object()["parameters"] =
+      json::parse(R"({"type":"object","properties":{"a":{"type":"integer"}},"required":["a"]})");
+  adder["definition"].as_object()["implementation"] = json::object{
+      {"type", "code"}, {"source", "export default async (args) => ({sum: args.a + 1})"}};
+  auto alias = definition("forecast");
+  alias["definition"].as_object()["implementation"] =
+      json::object{{"type", "binding"}, {"targetRevision", gamma}};
+  auto chain = append(client, json::array{message("user", "add one"), adder, alias,
+                                          callDraft("adder", json::object{{"a", 41}}),
+                                          callDraft("forecast", json::object{{"city", "Oslo"}})});
+  const std::string adderDefinition = idOf(chain[1]);
+  const std::string aliasDefinition = idOf(chain[2]);
+  CHECK(chain[3].at("call").at("toolRevision") == json::value(adderDefinition));
+  CHECK(chain[4].at("call").at("toolRevision") == json::value(aliasDefinition));
+
+  // Code: a sandbox of its own, the definition's id as its revision; by name or by revision.
+  auto byName =
+      resultOf(client.call("tools.call", json::object{{"name", "adder"},
+                                                      {"arguments", json::object{{"a", 41}}},
+                                                      {"taskId", idOf(chain[3])}}));
+  CHECK(byName.at("result").at("sum") == 42);
+  CHECK(byName.at("revision") == json::value(adderDefinition));
+  auto byRevision =
+      resultOf(client.call("tools.call", json::object{{"revision", adderDefinition},
+                                                      {"arguments", json::object{{"a", 41}}},
+                                                      {"taskId", idOf(chain[3])}}));
+  CHECK(byRevision.at("result").at("sum") == 42);
+  // Its parameters hold, and without the task the name means nothing.
+  auto invalid = client.call("tools.call", json::object{{"name", "adder"},
+                                                        {"arguments", json::object{{"a", "x"}}},
+                                                        {"taskId", idOf(chain[3])}});
+  CHECK(errorCode(invalid) == -32602);
+  auto outside = client.call(
+      "tools.call", json::object{{"name", "adder"}, {"arguments", json::object{{"a", 41}}}});
+  CHECK(errorKind(outside) == "not-found");
+
+  // A binding: the registry revision it pins.
+  auto bound =
+      resultOf(client.call("tools.call", json::object{{"name", "forecast"},
+                                                      {"arguments", json::object{{"city", "Oslo"}}},
+                                                      {"taskId", idOf(chain[4])}}));
+  CHECK(bound.at("revision") == json::value(gamma));
+}

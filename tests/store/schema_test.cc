@@ -301,7 +301,7 @@ TEST_CASE("a page check that stops talking but keeps running is ended at its tim
   CHECK(took < std::chrono::seconds(20));
 }
 
-TEST_CASE("a page check killed by what it read is damage; killed by anything else, it is not",
+TEST_CASE("a page check killed by what it read is damage, killed by anything else it is not",
           "[store][pages]") {
   TempDir dir;
   auto killedBy = [&](const char* signal) {

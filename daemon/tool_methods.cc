@@ -278,37 +278,6 @@ void registerToolMethods(MethodTable& methods, ToolServices services) {
         } else {
           co_return invalidParams("params: give name or revision");
         }
-        // A function call pinned to a tooldefinition of its lineage runs what it defines: not in
-        // the registry, found through the task the call executes.
-        std::optional<std::string> pinnedAs;
-        if (!resolved && resolved.error().code == RegistryErrc::notFound &&
-            services.tasks != nullptr && params.contains("taskId")) {
-          auto stored = services.tasks->get(std::string(params.at("taskId").as_string()));
-          const json::object* call = nullptr;
-          if (stored && stored->at("kind") == "functioncall") {
-            if (const auto* found = stored->if_contains("call"); found && found->is_object()) {
-              call = &found->as_object();
-            }
-          }
-          const auto* pin = call != nullptr ? call->if_contains("toolRevision") : nullptr;
-          const auto* callName = call != nullptr ? call->if_contains("name") : nullptr;
-          if (pin != nullptr && pin->is_string()) {
-            const std::string pinned(pin->as_string());
-            const auto* revision = params.if_contains("revision");
-            const bool named = revision != nullptr
-                                   ? revision->as_string() == pinned
-                                   : callName != nullptr && name && callName->is_string() &&
-                                         callName->as_string() == *name;
-            if (named) {
-              auto defined = services.tasks->definedTool(pinned);
-              if (!defined) co_return toRpcError(defined.error());
-              if (*defined) {
-                resolved = **defined;
-                pinnedAs = pinned;
-              }
-            }
-          }
-        }
         if (!resolved) co_return toRpcError(resolved.error());
         registry::ToolRevisionPtr tool = *resolved;
         json::object arguments;
@@ -373,7 +342,7 @@ void registerToolMethods(MethodTable& methods, ToolServices services) {
                                          ? call->as_object().if_contains("toolRevision")
                                          : nullptr;
                 if (stored->at("kind") != "functioncall" || pinned == nullptr ||
-                    *pinned != json::value(pinnedAs.value_or(tool->revision))) {
+                    *pinned != json::value(tool->revision)) {
                   co_return invalidParams(
                       "params.taskId: " + id + " is not a function call of this revision (" +
                       tool->revision + "): a call's subtasks follow the call it executes");

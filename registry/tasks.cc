@@ -947,36 +947,6 @@ Result<std::vector<std::string>> TaskStore::verifyAll() {
                 store_);
 }
 
-Result<std::optional<ToolRevisionPtr>> TaskStore::definedTool(const std::string& definitionId) {
-  auto task = get(definitionId);
-  if (!task) return task.error();
-  if (stringMember(*task, "kind") != "tooldefinition") return std::optional<ToolRevisionPtr>();
-  const json::object& definition = objectAt(*task, "definition");
-  const json::object& implementation = objectAt(definition, "implementation");
-  if (stringMember(implementation, "type") == "binding") {
-    auto target = registry_.getRevision(stringAt(implementation, "targetRevision"));
-    if (!target) return target.error();
-    return std::optional<ToolRevisionPtr>(*target);
-  }
-  json::object execution{{"class", "sandboxed-code"},
-                         {"runtime", "javascript"},
-                         {"source", implementation.at("source")}};
-  if (const auto* modules = implementation.if_contains("modules")) execution["modules"] = *modules;
-  auto tool = std::make_shared<ToolRevision>();
-  tool->revision = definitionId;
-  tool->name = stringAt(definition, "name");
-  tool->manifest = json::object{{"name", definition.at("name")},
-                                {"description", definition.at("description")},
-                                {"parameters", definition.at("parameters")},
-                                {"execution", std::move(execution)}};
-  tool->executionClass = ExecutionClass::sandboxedCode;
-  auto parameters =
-      compileToolSchema(definition.at("parameters"), "definition " + definitionId + " parameters");
-  if (!parameters) return parameters.error();
-  tool->parameters = std::move(*parameters);
-  return std::optional<ToolRevisionPtr>(std::move(tool));
-}
-
 Result<json::object> TaskStore::get(const std::string& id) {
   if (!protocol::isContentHash(id)) return missing(shown(id) + " is not a task id (sha256:...)");
   auto task = unwrap(

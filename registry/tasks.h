@@ -120,12 +120,6 @@ class TaskStore {
   // (a call compiled there would be pinned to it).
   Result<std::optional<std::string>> definitionFor(const std::string& id, std::string_view name);
 
-  // The tool a tooldefinition task defines, to run a function call pinned to it: for a binding,
-  // the registry revision it pins; for code, a sandboxed-code revision made from the definition
-  // (its revision is the definition's id; no capabilities, as a definition has none). nullopt
-  // when `definitionId` is a stored task but no tooldefinition.
-  Result<std::optional<ToolRevisionPtr>> definedTool(const std::string& definitionId);
-
   // The task and its ancestors through parentId, root first.
   Result<boost::json::array> lineage(const std::string& id);
 

@@ -299,6 +299,33 @@ void registerToolMethods(MethodTable& methods, ToolServices services) {
           co_return toRpcError(registry::RegistryError{RegistryErrc::invalidArguments,
                                                        violation->describe("arguments")});
         }
+        if (const auto* task = params.if_contains("taskId"); task && services.tasks != nullptr) {
+          // The function-call task this call executes (a tool's subtasks follow it): a function
+          // call pinned to the revision that runs, run with the arguments it records, in the
+          // order it records them.
+          const std::string id(task->as_string());
+          auto stored = services.tasks->get(id);
+          if (!stored) co_return toRpcError(stored.error());
+          const auto* call = stored->if_contains("call");
+          const auto* pinned =
+              call && call->is_object() ? call->as_object().if_contains("toolRevision") : nullptr;
+          if (stored->at("kind") != "functioncall" || pinned == nullptr ||
+              *pinned != json::value(tool->revision)) {
+            co_return invalidParams("params.taskId: " + id +
+                                    " is not a function call of this revision (" + tool->revision +
+                                    "): a call's subtasks follow the call it executes");
+          }
+          const auto* recorded = call->as_object().if_contains("arguments");
+          if (recorded != nullptr && recorded->is_object()) {
+            if (*recorded != json::value(arguments)) {
+              co_return invalidParams("params.arguments: not the arguments the function call " +
+                                      id +
+                                      " records; a call that executes a task runs it "
+                                      "as recorded");
+            }
+            arguments = recorded->as_object();
+          }
+        }
         auto started = std::chrono::steady_clock::now();
         switch (tool->executionClass) {
           case registry::ExecutionClass::trustedNative: {
@@ -331,31 +358,6 @@ void registerToolMethods(MethodTable& methods, ToolServices services) {
             }
             options.limits = requestedLimits(params);
             if (const auto* task = params.if_contains("taskId")) {
-              // The function-call task this call executes: the tool's subtasks follow it, so it
-              // must be a function call pinned to the revision that runs.
-              if (services.tasks != nullptr) {
-                const std::string id(task->as_string());
-                auto stored = services.tasks->get(id);
-                if (!stored) co_return toRpcError(stored.error());
-                const auto* call = stored->if_contains("call");
-                const auto* pinned = call && call->is_object()
-                                         ? call->as_object().if_contains("toolRevision")
-                                         : nullptr;
-                if (stored->at("kind") != "functioncall" || pinned == nullptr ||
-                    *pinned != json::value(tool->revision)) {
-                  co_return invalidParams(
-                      "params.taskId: " + id + " is not a function call of this revision (" +
-                      tool->revision + "): a call's subtasks follow the call it executes");
-                }
-                // And it runs that call: with the arguments the task records, not others.
-                const auto* recorded = call->as_object().if_contains("arguments");
-                if (recorded != nullptr && *recorded != json::value(arguments)) {
-                  co_return invalidParams("params.arguments: not the arguments the function call " +
-                                          id +
-                                          " records; a call that executes a task runs it "
-                                          "as recorded");
-                }
-              }
               options.invocation["taskId"] = *task;
             }
             // What ctx.createSubtasksResult compiles during the call is answered beside the

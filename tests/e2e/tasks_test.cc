@@ -591,6 +591,25 @@ TEST_CASE("tasks: tools.call takes as taskId only a function call of the revisio
                                                       {"taskId", idOf(chain[1])}});
   CHECK(errorCode(other) == -32602);
   CHECK_THAT(errorDetail(other), Catch::Contains("not the arguments the function call"));
+  // The same for every kind of tool (here the built-in echo), and in the recorded order.
+  auto echoCall =
+      append(client, json::array{callDraft("echo", json::object{{"text", "x"}, {"n", 1}})},
+             idOf(chain[0]));
+  auto echoed = resultOf(
+      client.call("tools.call", json::object{{"name", "echo"},
+                                             {"arguments", json::object{{"text", "x"}, {"n", 1}}},
+                                             {"taskId", idOf(echoCall[0])}}));
+  CHECK(json::serialize(echoed.at("result")) == R"({"n":1,"text":"x"})");
+  auto echoOther =
+      client.call("tools.call", json::object{{"name", "echo"},
+                                             {"arguments", json::object{{"text", "y"}, {"n", 1}}},
+                                             {"taskId", idOf(echoCall[0])}});
+  CHECK(errorCode(echoOther) == -32602);
+  auto echoWrongTask =
+      client.call("tools.call", json::object{{"name", "echo"},
+                                             {"arguments", json::object{{"city", "Oslo"}}},
+                                             {"taskId", idOf(chain[1])}});
+  CHECK(errorCode(echoWrongTask) == -32602);
 }
 
 TEST_CASE("the answers a client has not read stay bounded: the excess is output-too-large",

@@ -116,6 +116,15 @@ std::optional<ConfigError> readString(const toml::table& table, const std::strin
   return std::nullopt;
 }
 
+// The per-call limits of [runtime], each a default_* and a max_* key (suffix, CallLimits member).
+constexpr std::pair<const char*, std::optional<std::int64_t> runtime::CallLimits::*> kLimitKeys[] =
+    {{"wall_ms", &runtime::CallLimits::wallMs},
+     {"cpu_ms", &runtime::CallLimits::cpuMs},
+     {"heap_mb", &runtime::CallLimits::heapMb},
+     {"array_buffer_mb", &runtime::CallLimits::arrayBufferMb},
+     {"stack_kb", &runtime::CallLimits::stackKb},
+     {"output_bytes", &runtime::CallLimits::outputBytes}};
+
 // [runtime]: V8 workers, the retained-sandbox pool, and the limits of sandboxed calls (defaults
 // for manifests that say nothing, and caps no manifest or call may exceed).
 std::optional<ConfigError> readRuntime(const toml::table& table, const std::string& file,
@@ -156,6 +165,17 @@ std::optional<ConfigError> readRuntime(const toml::table& table, const std::stri
            limit("max_output_bytes", runtime.caps.outputBytes, kMaxOutputBytes),
        }) {
     if (error) return error;
+  }
+  // A default set above its cap would never apply: every call would get the cap instead.
+  for (const auto& [suffix, member] : kLimitKeys) {
+    const std::string defaultKey = std::string("default_") + suffix;
+    const auto& value = runtime.defaults.*member;
+    const auto& cap = runtime.caps.*member;
+    if (table["runtime"][defaultKey] && value && cap && *value > *cap) {
+      return fail(file, "runtime." + defaultKey + " (" + std::to_string(*value) +
+                            ") is above runtime.max_" + suffix + " (" + std::to_string(*cap) +
+                            "), so it would never apply: lower it or raise the cap");
+    }
   }
   if (const toml::node* jit = table["runtime"]["jit"].node()) {
     auto value = jit->value_exact<bool>();
@@ -789,14 +809,7 @@ ConfigChanges reconcileReload(const Config& running, Config& next) {
   compare(restart, "runtime.max_restarts", was.maxRestarts, now.maxRestarts);
   compare(restart, "runtime.restart_window_ms", was.restartWindowMs, now.restartWindowMs);
   compare(restart, "runtime.jit", was.jit, now.jit);
-  const std::pair<const char*, std::optional<std::int64_t> runtime::CallLimits::*> limits[] = {
-      {"wall_ms", &runtime::CallLimits::wallMs},
-      {"cpu_ms", &runtime::CallLimits::cpuMs},
-      {"heap_mb", &runtime::CallLimits::heapMb},
-      {"array_buffer_mb", &runtime::CallLimits::arrayBufferMb},
-      {"stack_kb", &runtime::CallLimits::stackKb},
-      {"output_bytes", &runtime::CallLimits::outputBytes}};
-  for (const auto& [name, field] : limits) {
+  for (const auto& [name, field] : kLimitKeys) {
     compare(restart, (std::string("runtime.default_") + name).c_str(),
             (was.defaults.*field).value_or(0), (now.defaults.*field).value_or(0));
     compare(restart, (std::string("runtime.max_") + name).c_str(), (was.caps.*field).value_or(0),

@@ -104,6 +104,9 @@ TEST_CASE("config errors name the key and what is wrong", "[config]") {
     CHECK_THAT(config.error().detail, Catch::Contains(expected));
   };
   check("[limits]\nmax_depth = 0\n", "limits.max_depth");
+  check("[runtime]\ndefault_wall_ms = 60000\nmax_wall_ms = 1000\n",
+        "runtime.default_wall_ms (60000) is above runtime.max_wall_ms (1000)");
+  check("[runtime]\ndefault_heap_mb = 2048\n", "runtime.default_heap_mb (2048) is above");
   check("[limits]\nmax_depth = 1001\n", "limits.max_depth");
   check("[limits]\nmax_in_flight = \"x\"\n", "limits.max_in_flight");
   check("[limits]\nmax_connections = 0\n", "limits.max_connections");

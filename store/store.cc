@@ -205,12 +205,52 @@ std::optional<OpenError> markCreated(const std::filesystem::path& stateDir) {
   return std::nullopt;
 }
 
-// Takes the exclusive lock that makes this process the only user of the state directory, and
-// records our pid in it for the error message of the next would-be owner. flock(2) locks belong
-// to the open file description, so a second open() in this same process conflicts too (unlike
-// fcntl locks, which LMDB uses and which a same-process second open would silently release).
-boost::system::result<UniqueFd, OpenError> lockStateDirectory(const std::filesystem::path& dir) {
+// The pid a lock file records, or 0.
+long recordedPid(const std::filesystem::path& lockPath) {
+  UniqueFd fd(::open(lockPath.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+  if (fd.get() < 0) return 0;
+  char buffer[32] = {};
+  const ssize_t n = ::pread(fd.get(), buffer, sizeof buffer - 1, 0);
+  long pid = 0;
+  if (n > 0) std::from_chars(buffer, buffer + n, pid);
+  return pid;
+}
+
+OpenError inUse(const std::filesystem::path& dir, long pid) {
+  if (pid == static_cast<long>(::getpid())) {
+    return openError(StoreErrc::alreadyOpen,
+                     fmt::format("state directory {} is already open in this process (pid {})",
+                                 dir.string(), pid));
+  }
+  if (pid > 0) {
+    return openError(StoreErrc::locked,
+                     fmt::format("state directory {} is in use by pid {}", dir.string(), pid));
+  }
+  return openError(StoreErrc::locked,
+                   fmt::format("state directory {} is in use by another process", dir.string()));
+}
+
+// The locks that make this process the only user of the state directory: an exclusive flock(2)
+// on the directory itself, which nobody removes by hand, and one on its lock file, which records
+// our pid for the error message of the next would-be owner (and which daemons before the
+// directory lock took alone). flock(2) locks belong to the open file description, so a second
+// open() in this same process conflicts too (unlike fcntl locks, which LMDB uses and which a
+// same-process second open would silently release).
+struct StateLock {
+  UniqueFd directory;
+  UniqueFd file;
+};
+
+boost::system::result<StateLock, OpenError> lockStateDirectory(const std::filesystem::path& dir) {
   const std::filesystem::path lockPath = dir / kLockFileName;
+  UniqueFd directory(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW));
+  if (directory.get() < 0) return openErrorFromErrno(errno, "cannot open " + dir.string());
+  if (::flock(directory.get(), LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    if (err != EWOULDBLOCK) return openErrorFromErrno(err, "cannot lock " + dir.string());
+    // Its owner wrote its pid when it started; a lock file removed since names nobody.
+    return inUse(dir, recordedPid(lockPath));
+  }
   UniqueFd fd(::open(lockPath.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
   if (fd.get() < 0) return openErrorFromErrno(errno, "cannot open " + lockPath.string());
   // What was opened, not what the path held when open() checked it.
@@ -222,28 +262,14 @@ boost::system::result<UniqueFd, OpenError> lockStateDirectory(const std::filesys
   if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
     const int err = errno;
     if (err != EWOULDBLOCK) return openErrorFromErrno(err, "cannot lock " + lockPath.string());
-    char buffer[32] = {};
-    const ssize_t n = ::pread(fd.get(), buffer, sizeof buffer - 1, 0);
-    long pid = 0;
-    if (n > 0) std::from_chars(buffer, buffer + n, pid);
-    if (pid == static_cast<long>(::getpid())) {
-      return openError(StoreErrc::alreadyOpen,
-                       fmt::format("state directory {} is already open in this process (pid {})",
-                                   dir.string(), pid));
-    }
-    if (pid > 0) {
-      return openError(StoreErrc::locked,
-                       fmt::format("state directory {} is in use by pid {}", dir.string(), pid));
-    }
-    return openError(StoreErrc::locked,
-                     fmt::format("state directory {} is in use by another process", dir.string()));
+    return inUse(dir, recordedPid(lockPath));
   }
   const std::string pid = fmt::format("{}\n", ::getpid());
   if (::ftruncate(fd.get(), 0) != 0 ||
       ::pwrite(fd.get(), pid.data(), pid.size(), 0) != static_cast<ssize_t>(pid.size())) {
     return openErrorFromErrno(errno, "cannot write " + lockPath.string());
   }
-  return fd;
+  return StateLock{std::move(directory), std::move(fd)};
 }
 
 std::optional<std::uint32_t> parseVersion(std::string_view text) {
@@ -352,7 +378,7 @@ struct Store::Init {
   std::size_t mapSizeMb = 0;
   std::uint32_t schemaVersion = 0;
   EnvPtr env;
-  UniqueFd lockFd;
+  StateLock lock;
   std::vector<std::string> tableNames;
   std::vector<unsigned> dbis;
   std::function<std::optional<PageCheckFailure>(const std::filesystem::path&)> checkPages;
@@ -377,8 +403,8 @@ boost::system::result<StorePtr, OpenError> Store::open(Options options) {
     if (auto err = checkIfPresent(path, directory)) return *err;
   }
 
-  auto lockFd = lockStateDirectory(stateDir);
-  if (!lockFd) return lockFd.error();
+  auto lock = lockStateDirectory(stateDir);
+  if (!lock) return lock.error();
 
   if (auto err = ensureDirectory(db)) return *err;
   // Again, now that it exists: another user may have made it since the check above.
@@ -513,7 +539,7 @@ boost::system::result<StorePtr, OpenError> Store::open(Options options) {
             options.mapSizeMb,
             kSchemaVersion,
             std::move(env),
-            std::move(*lockFd),
+            std::move(*lock),
             std::move(options.tables),
             std::move(dbis),
             std::move(options.checkPages),
@@ -527,7 +553,8 @@ Store::Store(Init&& init)
       mapSizeMb_(init.mapSizeMb),
       schemaVersion_(init.schemaVersion),
       env_(init.env.release()),
-      lockFd_(init.lockFd.release()),
+      lockFd_(init.lock.file.release()),
+      directoryLockFd_(init.lock.directory.release()),
       tableNames_(std::move(init.tableNames)),
       dbis_(std::move(init.dbis)),
       checkPages_(std::move(init.checkPages)),
@@ -553,6 +580,7 @@ Store::~Store() {
   // The environment closes before the lock goes, so the next owner never overlaps with us.
   mdb_env_close(env_);
   ::close(lockFd_);
+  ::close(directoryLockFd_);
 }
 
 Table Store::table(std::string_view name) const {

@@ -3,8 +3,9 @@
 //
 // Caveats (every thread and lifetime rule of this module, stated once):
 //  - One process per state directory, and one Store per state directory in that process. open()
-//    takes an exclusive flock(2) on <stateDir>/toolhost.lock (which then holds the pid) and
-//    refuses a second opener: StoreErrc::alreadyOpen in the same process, StoreErrc::locked
+//    takes an exclusive flock(2) on <stateDir> itself and on <stateDir>/toolhost.lock (which
+//    then holds the pid; removing it by hand does not let a second opener in) and refuses a
+//    second opener: StoreErrc::alreadyOpen in the same process, StoreErrc::locked
 //    ("in use by pid N") from another. Never use a Store inherited through fork(); open one in
 //    the child instead (an LMDB rule).
 //  - A Store is neither copyable nor movable. It must outlive every call into it and every Table
@@ -342,6 +343,7 @@ class Store {
   std::uint32_t schemaVersion_;
   MDB_env* env_;
   int lockFd_;
+  int directoryLockFd_;
   // Stable storage: Table handles point at these strings.
   std::vector<std::string> tableNames_;
   std::vector<unsigned> dbis_;

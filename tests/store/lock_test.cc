@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <filesystem>
 #include <string>
 
 #include "store/store.h"
@@ -59,6 +60,13 @@ TEST_CASE("a second process gets 'in use by pid N' until the first one exits") {
   REQUIRE(refused.has_error());
   CHECK(refused.error().code == StoreErrc::locked);
   CHECK_THAT(refused.error().message, Catch::Contains("in use by pid " + std::to_string(child)));
+  // The lock file removed by hand (taken for a stale one) lets nobody in either.
+  std::filesystem::remove(tmp.state() / "toolhost.lock");
+  auto stillRefused = Store::open(options(tmp.state()));
+  REQUIRE(stillRefused.has_error());
+  CHECK(stillRefused.error().code == StoreErrc::locked);
+  CHECK_THAT(stillRefused.error().message, Catch::Contains("in use by another process"));
+  CHECK_FALSE(std::filesystem::exists(tmp.state() / "toolhost.lock"));
 
   ::close(release[1]);
   CHECK(waitChild(child) == 0);

@@ -325,6 +325,15 @@ int run(const daemon::Config& config, const daemon::CommandLine& commandLine) {
 
   daemon::Server server(io, configs, dispatcher);
   facts.connectionCount = [&server] { return server.connectionCount(); };
+  facts.healthChecks.push_back(daemon::HealthCheck{
+      "socket", [&server] {
+        boost::json::object result{{"ok", true}, {"path", server.socketPath().string()}};
+        if (auto problem = server.socketProblem()) {
+          result["ok"] = false;
+          result["detail"] = *problem;
+        }
+        return result;
+      }});
   // SIGTERM/SIGINT stop gracefully, SIGHUP reloads; READY=1, STATUS= and WATCHDOG=1 to systemd.
   // Its signal handlers are in place before the socket listens: a client that sees the socket
   // may signal the daemon at once, and SIGTERM's default action would kill it.

@@ -103,7 +103,8 @@ void registerMetaMethods(MethodTable& methods, const DaemonFacts& facts) {
 
   methods.add(MethodSpec{
       "daemon.health",
-      "Whether the daemon and each subsystem (state store, runtime) is working: {status, checks}.",
+      "Whether the daemon and each subsystem (state store, runtime, socket) is working: {status, "
+      "checks}.",
       {},
       {},
       schema(R"({"type":"object","required":["status","checks"],"properties":{

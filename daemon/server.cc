@@ -63,11 +63,32 @@ Server::Server(asio::io_context& io, const ConfigHolder& configs, Dispatcher& di
       socketPath_(startup_->socketPath),
       dispatcher_(dispatcher),
       acceptStrand_(asio::make_strand(io)),
-      acceptor_(acceptStrand_) {}
+      acceptor_(acceptStrand_),
+      socketWatch_(acceptStrand_) {}
 
 Server::~Server() { unlinkSocket(); }
 
 boost::system::result<void, ServerError> Server::listen() {
+  const Config& config = *startup_;
+  auto fd = bindSocket(true);
+  if (!fd) return fd.error();
+  // Rules for other users are of no use on a socket only its owner may open.
+  if (!config.socketGroup) {
+    for (const auto& rule : config.access.rules()) {
+      // Root passes file modes: a rule for uid 0 works all the same.
+      if ((rule.uid && *rule.uid != ::geteuid() && *rule.uid != 0) || rule.gid) {
+        spdlog::warn(
+            "[[access]] names other users or groups, but the socket {} is mode 0600 (no [server] "
+            "socket_group): only its owner can connect",
+            config.socketPath.string());
+        break;
+      }
+    }
+  }
+  return adopt(*fd, config.socketPath);
+}
+
+boost::system::result<int, ServerError> Server::bindSocket(bool replaceStale) {
   const Config& config = *startup_;
   const fs::path& path = config.socketPath;
   if (path.native().size() > kMaxSocketPathBytes) {
@@ -97,6 +118,7 @@ boost::system::result<void, ServerError> Server::listen() {
 
   struct stat existing {};
   if (::lstat(path.c_str(), &existing) == 0) {
+    if (!replaceStale) return ServerError{path.string() + " exists"};
     if (!S_ISSOCK(existing.st_mode)) {
       return ServerError{path.string() + " exists and is not a socket; refusing to replace it"};
     }
@@ -142,26 +164,14 @@ boost::system::result<void, ServerError> Server::listen() {
   socketDevice_ = created.st_dev;
   socketInode_ = created.st_ino;
   ownsSocketFile_ = true;
+  madeSocket_ = true;
   if (::listen(fd, SOMAXCONN) != 0) {
     int error = errno;
     ::close(fd);
     unlinkSocket();
     return ServerError{"cannot listen on " + path.string() + ": " + errnoText(error)};
   }
-  // Rules for other users are of no use on a socket only its owner may open.
-  if (!config.socketGroup) {
-    for (const auto& rule : config.access.rules()) {
-      // Root passes file modes: a rule for uid 0 works all the same.
-      if ((rule.uid && *rule.uid != ::geteuid() && *rule.uid != 0) || rule.gid) {
-        spdlog::warn(
-            "[[access]] names other users or groups, but the socket {} is mode 0600 (no [server] "
-            "socket_group): only its owner can connect",
-            path.string());
-        break;
-      }
-    }
-  }
-  return adopt(fd, path);
+  return fd;
 }
 
 boost::system::result<void, ServerError> Server::adopt(int listeningFd, fs::path path) {
@@ -174,6 +184,90 @@ boost::system::result<void, ServerError> Server::adopt(int listeningFd, fs::path
 
 void Server::start() {
   asio::co_spawn(acceptStrand_, acceptLoop(), [](std::exception_ptr e) { logIfThrew("accept loop", e); });
+  asio::co_spawn(acceptStrand_, watchSocket(),
+                 [](std::exception_ptr e) { logIfThrew("socket watch", e); });
+}
+
+std::optional<std::string> Server::socketProblem() const {
+  std::lock_guard lock(mutex_);
+  return socketProblem_;
+}
+
+asio::awaitable<void> Server::watchSocket() {
+  std::string logged;  // the problem last logged: each is logged once, and its end
+  for (;;) {
+    socketWatch_.expires_after(kSocketCheckInterval);
+    co_await socketWatch_.async_wait(asio::as_tuple(asio::use_awaitable));
+    if (stopping_ || !acceptor_.is_open()) co_return;
+    std::optional<std::string> problem = checkSocket();
+    {
+      std::lock_guard lock(mutex_);
+      socketProblem_ = problem;
+    }
+    if (problem && *problem != logged) {
+      spdlog::error("{}", *problem);
+    } else if (!problem && !logged.empty()) {
+      spdlog::info("clients can connect to {} again", socketPath_.string());
+    }
+    logged = problem.value_or("");
+  }
+}
+
+std::optional<std::string> Server::checkSocket() {
+  struct stat current {};
+  const bool present = ::lstat(socketPath_.c_str(), &current) == 0;
+  const int error = present ? 0 : errno;
+  if (!madeSocket_) {
+    // systemd's socket (socket activation): only systemd can make it again.
+    if (present) return std::nullopt;
+    return "the socket file " + socketPath_.string() + " is gone (" + errnoText(error) +
+           "): no new client can connect; systemd made it, so restart toolhost.socket and "
+           "toolhost.service to make it again";
+  }
+  if (present && current.st_dev == socketDevice_ && current.st_ino == socketInode_) {
+    return std::nullopt;
+  }
+  if (present) {
+    // Something else took the path: never ours to remove. A socket nobody listens on is replaced,
+    // as at start; a live one is another daemon's.
+    int listenError = 0;
+    if (!S_ISSOCK(current.st_mode)) {
+      return socketPath_.string() +
+             " was replaced by something that is not a socket: no new client can connect; remove "
+             "it and this daemon makes its socket again";
+    }
+    if (somebodyListens(socketPath_, listenError)) {
+      return socketPath_.string() +
+             " was replaced by another listening socket: new clients connect to whoever made it, "
+             "not to this daemon (pid " +
+             std::to_string(::getpid()) + ")";
+    }
+  } else if (error != ENOENT && error != ENOTDIR) {
+    return "cannot inspect the socket file " + socketPath_.string() + ": " + errnoText(error);
+  }
+  // Gone (a cleaner of /tmp or /run, a mistaken rm) or a dead socket in its place: a new one,
+  // made as at start. Connections made so far are not touched.
+  ownsSocketFile_ = false;
+  auto fd = bindSocket(true);
+  if (!fd) {
+    return "the socket file " + socketPath_.string() +
+           " is gone and cannot be made again: " + fd.error().detail +
+           "; no new client can connect";
+  }
+  boost::system::error_code ignored;
+  acceptor_.close(ignored);  // its accept loop ends
+  boost::system::error_code assigned;
+  acceptor_.assign(stream_protocol(), *fd, assigned);
+  if (assigned) {
+    ::close(*fd);
+    unlinkSocket();
+    return "the socket file " + socketPath_.string() +
+           " is gone and cannot be made again: " + assigned.message();
+  }
+  spdlog::warn("the socket file {} was gone; made it again", socketPath_.string());
+  asio::co_spawn(acceptStrand_, acceptLoop(),
+                 [](std::exception_ptr e) { logIfThrew("accept loop", e); });
+  return std::nullopt;
 }
 
 void Server::unlinkSocket() {
@@ -316,6 +410,8 @@ std::size_t Server::connectionCount() const {
 
 asio::awaitable<void> Server::shutdown(std::chrono::milliseconds grace) {
   asio::post(acceptStrand_, [this] {
+    stopping_ = true;
+    socketWatch_.cancel();
     boost::system::error_code ignored;
     acceptor_.close(ignored);
     unlinkSocket();

@@ -12,6 +12,7 @@
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/local/stream_protocol.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
 #include <boost/system/result.hpp>
 
@@ -20,6 +21,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 
 namespace toolhost::daemon {
@@ -40,7 +42,14 @@ class Server {
   // Adopts an already listening socket bound at `path` (systemd socket activation). The socket
   // file belongs to whoever created it and is never unlinked.
   boost::system::result<void, ServerError> adopt(int listeningFd, std::filesystem::path path);
+  // Starts accepting, and a check every kSocketCheckInterval that the socket file is still
+  // there: one removed (a cleaner of /tmp or /run, a mistaken rm) or replaced by a dead socket
+  // is made again as at start; a path taken by something else is left alone and logged.
   void start();
+  static constexpr std::chrono::milliseconds kSocketCheckInterval{1000};
+  // Why new clients cannot reach this daemon through its socket file, as of the last check;
+  // nothing while they can. Any thread.
+  std::optional<std::string> socketProblem() const;
 
   // Stops accepting, lets sessions finish what is in flight for up to `grace`, then aborts the
   // rest. Completes when every session has ended. Sessions serving others (popup hosts,
@@ -53,6 +62,11 @@ class Server {
 
  private:
   boost::asio::awaitable<void> acceptLoop();
+  boost::asio::awaitable<void> watchSocket();
+  // The file at socketPath_, made again if it is gone: what is wrong with it now. Accept strand.
+  std::optional<std::string> checkSocket();
+  // A listening socket at the configured path (removing a dead one there when replaceStale).
+  boost::system::result<int, ServerError> bindSocket(bool replaceStale);
   void startSession(boost::asio::local::stream_protocol::socket socket);
   void removeSession(std::uint64_t id);
   void unlinkSocket();
@@ -65,12 +79,16 @@ class Server {
   Dispatcher& dispatcher_;
   boost::asio::strand<boost::asio::io_context::executor_type> acceptStrand_;
   boost::asio::local::stream_protocol::acceptor acceptor_;
+  boost::asio::steady_timer socketWatch_;  // accept strand
+  bool stopping_ = false;                  // accept strand
   bool ownsSocketFile_ = false;
+  bool madeSocket_ = false;  // by listen(), not adopted from systemd
   dev_t socketDevice_ = 0;
   ino_t socketInode_ = 0;
   std::atomic<std::uint64_t> nextId_{1};
   mutable std::mutex mutex_;
   std::map<std::uint64_t, std::weak_ptr<Session>> sessions_;
+  std::optional<std::string> socketProblem_;  // under mutex_
 };
 
 }  // namespace toolhost::daemon

@@ -247,6 +247,81 @@ TEST_CASE("a socket path that is not a socket is left alone", "[e2e][daemon]") {
   CHECK(content == "precious");
 }
 
+// daemon.health's socket check, asked on `client`, until `ok` is what it says (or 10 s pass).
+json::object waitForSocketCheck(RawClient& client, bool ok) {
+  json::object check;
+  for (int i = 0; i < 200; ++i) {
+    check = client.call("daemon.health").at("result").at("checks").at("socket").as_object();
+    if (check.at("ok") == ok) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return check;
+}
+
+TEST_CASE("a socket file removed while the daemon runs is made again", "[e2e][daemon]") {
+  TempDir dir;
+  auto socket = dir.path() / "sub" / "s";
+  DaemonOptions options;
+  options.socketPath = socket;
+  auto daemon = DaemonProcess::start(options);
+  RawClient kept(socket);
+  CHECK(waitForSocketCheck(kept, true).at("path") == socket.c_str());
+
+  SECTION("the file") { fs::remove(socket); }
+  SECTION("its directory") { fs::remove_all(socket.parent_path()); }
+  SECTION("a dead socket in its place") {
+    fs::remove(socket);
+    makeStaleSocket(socket);
+  }
+  CHECK(waitForSocketCheck(kept, true).at("ok") == true);
+  // Within the check's interval, new clients get in again, and the kept connection still works.
+  bool connected = false;
+  for (int i = 0; i < 100 && !connected; ++i) {
+    struct stat st {};
+    if (::stat(socket.c_str(), &st) == 0 && S_ISSOCK(st.st_mode) && (st.st_mode & 0777) == 0600) {
+      try {
+        RawClient fresh(socket);
+        connected = fresh.call("ping").contains("result");
+      } catch (const std::exception&) {
+      }
+    }
+    if (!connected) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  CHECK(connected);
+  CHECK(kept.call("ping").contains("result"));
+  CHECK(waitForSocketCheck(kept, true).at("ok") == true);
+  CHECK_THAT(daemon->log(), Catch::Contains("was gone; made it again"));
+  // It is removed at exit like the first one.
+  ::kill(daemon->pid(), SIGTERM);
+  CHECK(daemon->wait(std::chrono::seconds(10)) == 0);
+  CHECK_FALSE(fs::exists(socket));
+}
+
+TEST_CASE("a socket path taken by something else while the daemon runs is left alone",
+          "[e2e][daemon]") {
+  TempDir dir;
+  auto socket = dir.path() / "s";
+  DaemonOptions options;
+  options.socketPath = socket;
+  auto daemon = DaemonProcess::start(options);
+  RawClient kept(socket);
+  fs::remove(socket);
+  std::ofstream(socket) << "precious";
+  auto check = waitForSocketCheck(kept, false);
+  CHECK(check.at("ok") == false);
+  CHECK_THAT(std::string(check.at("detail").as_string()), Catch::Contains("not a socket"));
+  CHECK(kept.call("daemon.health").at("result").at("status") == "degraded");
+  // Once it is gone, the daemon's socket comes back.
+  fs::remove(socket);
+  CHECK(waitForSocketCheck(kept, true).at("ok") == true);
+  RawClient fresh(socket);
+  CHECK(fresh.call("ping").contains("result"));
+  // The log says each once.
+  const std::string log = daemon->log();
+  CHECK(log.find("not a socket") == log.rfind("not a socket"));
+  CHECK_THAT(log, Catch::Contains("can connect to " + socket.string() + " again"));
+}
+
 TEST_CASE("socket paths over 107 bytes are refused clearly", "[e2e][daemon]") {
   DaemonOptions options;
   options.socketPath = "/tmp/" + std::string(110, 'x');

@@ -413,6 +413,35 @@ TEST_CASE(
   CHECK(isSocket(socket));
 }
 
+TEST_CASE("socket activation: systemd's socket file removed is reported, never made again",
+          "[systemd][activation]") {
+  REQUIRE_PROGRAM(activate, "systemd-socket-activate");
+  TempDir dir;
+  auto socket = dir.path() / "s";
+  Child daemon({activate->string(), "--listen=" + socket.string(), daemonBinary().string(),
+                "--state-dir", (dir.path() / "state").string(), "--log-format", "text"},
+               {}, dir.path() / "log");
+  REQUIRE(eventually([&] { return isListening(socket); }));
+  RawClient client(socket);
+  CHECK(client.call("ping").contains("result"));
+  fs::remove(socket);
+  json::object check;
+  int id = 2;
+  REQUIRE(eventually([&] {
+    check = client.call("daemon.health", nullptr, id++)
+                .at("result")
+                .at("checks")
+                .at("socket")
+                .as_object();
+    return check.at("ok") == false;
+  }));
+  CHECK_THAT(std::string(check.at("detail").as_string()),
+             Catch::Contains("is gone") && Catch::Contains("restart toolhost.socket"));
+  CHECK_FALSE(fs::exists(socket));
+  CHECK(client.call("ping", nullptr, id++).contains("result"));
+  CHECK(daemon.stop(SIGTERM) == 0);
+}
+
 TEST_CASE("socket activation refuses sockets it cannot serve", "[systemd][activation]") {
   REQUIRE_PROGRAM(activate, "systemd-socket-activate");
   TempDir dir;

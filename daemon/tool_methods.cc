@@ -43,7 +43,8 @@ std::int64_t msSince(std::chrono::steady_clock::time_point start) {
 }
 
 // A sandboxed call's outcome as a JSON-RPC answer.
-MethodResult answerFor(runtime::CallOutcome outcome, const registry::ToolRevision& tool) {
+MethodResult answerFor(runtime::CallOutcome outcome, const registry::ToolRevision& tool,
+                       const runtime::CallLimits& request, const runtime::RuntimeConfig& config) {
   json::object usage{{"wallMs", outcome.usage.wallMs},
                      {"cpuMs", outcome.usage.cpuMs},
                      {"heapPeakBytes", outcome.usage.heapPeakBytes},
@@ -59,13 +60,32 @@ MethodResult answerFor(runtime::CallOutcome outcome, const registry::ToolRevisio
   const runtime::CallError& error = outcome.result.error();
   using runtime::CallErrc;
   int code = app_error::kToolThrew;
+  const char* limit = nullptr;  // the manifest's name of the limit the call stopped at
   switch (error.code) {
-    case CallErrc::timeout: code = app_error::kTimeout; break;
-    case CallErrc::cpuLimit: code = app_error::kCpuLimit; break;
-    case CallErrc::memoryLimit: code = app_error::kMemoryLimit; break;
-    case CallErrc::arrayBufferLimit: code = app_error::kArrayBufferLimit; break;
-    case CallErrc::stackLimit: code = app_error::kStackLimit; break;
-    case CallErrc::outputTooLarge: code = app_error::kOutputTooLarge; break;
+    case CallErrc::timeout:
+      code = app_error::kTimeout;
+      limit = "wallMs";
+      break;
+    case CallErrc::cpuLimit:
+      code = app_error::kCpuLimit;
+      limit = "cpuMs";
+      break;
+    case CallErrc::memoryLimit:
+      code = app_error::kMemoryLimit;
+      limit = "heapMb";
+      break;
+    case CallErrc::arrayBufferLimit:
+      code = app_error::kArrayBufferLimit;
+      limit = "arrayBufferMb";
+      break;
+    case CallErrc::stackLimit:
+      code = app_error::kStackLimit;
+      limit = "stackKb";
+      break;
+    case CallErrc::outputTooLarge:
+      code = app_error::kOutputTooLarge;
+      limit = "outputBytes";
+      break;
     case CallErrc::toolThrew:
     case CallErrc::invalidResult: code = app_error::kToolThrew; break;
     case CallErrc::invalidModule: code = app_error::kInvalidDefinition; break;
@@ -75,10 +95,13 @@ MethodResult answerFor(runtime::CallOutcome outcome, const registry::ToolRevisio
     case CallErrc::notRunnable: code = app_error::kUnavailable; break;
     case CallErrc::sandboxCrashed: code = app_error::kSandboxCrashed; break;
   }
-  protocol::RpcError rpc{code,
-                         code == protocol::rpc_error::kInvalidParams ? "Invalid params"
-                                                                     : std::string(app_error::message(code)),
-                         std::string(runtime::callErrcName(error.code)), error.detail};
+  protocol::RpcError rpc{
+      code,
+      code == protocol::rpc_error::kInvalidParams ? "Invalid params"
+                                                  : std::string(app_error::message(code)),
+      std::string(runtime::callErrcName(error.code)),
+      error.detail + (limit != nullptr ? runtime::capNote(tool.manifest, limit, request, config)
+                                       : std::string())};
   rpc.extra["revision"] = tool.revision;
   rpc.extra["usage"] = std::move(usage);
   if (!error.toolError.empty()) rpc.extra["toolError"] = error.toolError;
@@ -357,6 +380,7 @@ void registerToolMethods(MethodTable& methods, ToolServices services) {
               options.mode = runtime::CallOptions::Mode::disposable;
             }
             options.limits = requestedLimits(params);
+            const runtime::CallLimits requested = options.limits;
             if (const auto* task = params.if_contains("taskId")) {
               options.invocation["taskId"] = *task;
             }
@@ -383,7 +407,8 @@ void registerToolMethods(MethodTable& methods, ToolServices services) {
             if (subtasks.ledger != nullptr) options.invocation["subtasksKey"] = subtasks.key;
             auto outcome =
                 co_await services.sandboxes->call(tool, std::move(arguments), std::move(options));
-            auto answer = answerFor(std::move(outcome), *tool);
+            auto answer =
+                answerFor(std::move(outcome), *tool, requested, services.sandboxes->config());
             if (subtasks.ledger != nullptr && answer && answer->is_object()) {
               if (auto made = subtasks.ledger->close(subtasks.key); !made.empty()) {
                 answer->as_object()["subtasks"] = std::move(made);

@@ -12,17 +12,19 @@ namespace {
 
 struct Field {
   const char* name;
+  const char* capKey;  // in the daemon's config file
   std::optional<std::int64_t> CallLimits::*request;
   std::int64_t EffectiveLimits::*effective;
 };
 
 constexpr std::array<Field, 6> kFields{{
-    {"wallMs", &CallLimits::wallMs, &EffectiveLimits::wallMs},
-    {"cpuMs", &CallLimits::cpuMs, &EffectiveLimits::cpuMs},
-    {"heapMb", &CallLimits::heapMb, &EffectiveLimits::heapMb},
-    {"arrayBufferMb", &CallLimits::arrayBufferMb, &EffectiveLimits::arrayBufferMb},
-    {"stackKb", &CallLimits::stackKb, &EffectiveLimits::stackKb},
-    {"outputBytes", &CallLimits::outputBytes, &EffectiveLimits::outputBytes},
+    {"wallMs", "max_wall_ms", &CallLimits::wallMs, &EffectiveLimits::wallMs},
+    {"cpuMs", "max_cpu_ms", &CallLimits::cpuMs, &EffectiveLimits::cpuMs},
+    {"heapMb", "max_heap_mb", &CallLimits::heapMb, &EffectiveLimits::heapMb},
+    {"arrayBufferMb", "max_array_buffer_mb", &CallLimits::arrayBufferMb,
+     &EffectiveLimits::arrayBufferMb},
+    {"stackKb", "max_stack_kb", &CallLimits::stackKb, &EffectiveLimits::stackKb},
+    {"outputBytes", "max_output_bytes", &CallLimits::outputBytes, &EffectiveLimits::outputBytes},
 }};
 
 // The daemon's built-in values, for a configuration that leaves a default or cap unset.
@@ -94,6 +96,21 @@ boost::system::result<EffectiveLimits, std::string> effectiveLimits(const json::
     out.*field.effective = *asked;
   }
   return out;
+}
+
+std::string capNote(const json::object& manifest, std::string_view field, const CallLimits& request,
+                    const RuntimeConfig& config) {
+  for (const auto& entry : kFields) {
+    if (field != entry.name) continue;
+    const std::int64_t cap = configured(config.caps, kBuiltIn.caps, entry);
+    const auto asked = (request.*entry.request);
+    if (asked && *asked <= cap) return {};  // the caller's own limit
+    auto fromManifest = manifestLimit(manifest, entry.name);
+    if (!fromManifest || !*fromManifest || **fromManifest <= cap) return {};
+    return "; the tool's manifest asks for " + std::to_string(**fromManifest) +
+           ", which the daemon's [runtime] " + entry.capKey + " caps at " + std::to_string(cap);
+  }
+  return {};
 }
 
 }  // namespace toolhost::runtime

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 
 namespace toolhost::runtime {
 
@@ -76,5 +77,12 @@ boost::system::result<EffectiveLimits, std::string> effectiveLimits(
 // that revision is built with).
 boost::system::result<EffectiveLimits, std::string> baseLimits(const boost::json::object& manifest,
                                                                const RuntimeConfig& config);
+
+// For a call stopped at its limit `field` (the manifest's name: "wallMs", "heapMb", ...): when it
+// ran at the daemon's cap instead of what the tool's manifest asks for, and the call asked for no
+// tighter limit itself, words to add to the error naming the setting ("; the tool's manifest
+// asks for 120000, which [runtime] max_wall_ms caps at 1000"); else nothing.
+std::string capNote(const boost::json::object& manifest, std::string_view field,
+                    const CallLimits& request, const RuntimeConfig& config);
 
 }  // namespace toolhost::runtime

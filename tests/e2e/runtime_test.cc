@@ -166,6 +166,31 @@ TEST_CASE("limits and failures become distinct JSON-RPC errors, the daemon survi
   CHECK(daemon->running());
 }
 
+TEST_CASE("a limit error says when the daemon's cap, not the manifest, set the limit",
+          "[e2e][runtime]") {
+  DaemonOptions options;
+  options.configToml = "[runtime]\nmax_output_bytes = 1000\n";
+  auto daemon = DaemonProcess::start(options);
+  RawClient client(daemon->socket());
+  deploy(client, jsTool("chatty", "export default async () => 'x'.repeat(5000)",
+                        json::object{{"limits", json::object{{"outputBytes", 1000000}}}}));
+  deploy(client, jsTool("modest", "export default async () => 'x'.repeat(5000)",
+                        json::object{{"limits", json::object{{"outputBytes", 500}}}}));
+  auto capped = call(client, "chatty");
+  CHECK(errorCode(capped) == -32007);
+  CHECK_THAT(std::string(capped.at("error").at("data").at("detail").as_string()),
+             Catch::Contains("the tool's manifest asks for 1000000, which the daemon's [runtime] "
+                             "max_output_bytes caps at 1000"));
+  // The caller's own limit, or the manifest's own, is no cap's doing.
+  for (const auto& response :
+       {call(client, "chatty", {}, json::object{{"limits", json::object{{"outputBytes", 900}}}}),
+        call(client, "modest")}) {
+    CHECK(errorCode(response) == -32007);
+    CHECK_THAT(std::string(response.at("error").at("data").at("detail").as_string()),
+               !Catch::Contains("caps at"));
+  }
+}
+
 TEST_CASE("a failed call is described once: what its error's getters start is refused",
           "[e2e][runtime]") {
   auto daemon = DaemonProcess::start();

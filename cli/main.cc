@@ -129,7 +129,17 @@ int callAndPrint(const std::filesystem::path& socket, const std::string& method,
   }
   if (const auto* error = response->if_contains("error")) {
     print(*error, asPretty);
-    std::fprintf(stderr, "toolhostctl: %s\n", cli::errorDetail(*response).c_str());
+    std::string detail = cli::errorDetail(*response);
+    // A mistyped method without a dot was taken for a tool's name: say both were looked for.
+    const auto* data = error->is_object() ? error->as_object().if_contains("data") : nullptr;
+    const auto* kind =
+        data != nullptr && data->is_object() ? data->as_object().if_contains("kind") : nullptr;
+    if (toolName && kind != nullptr && *kind == "not-found") {
+      detail += " (and no method is named " + method +
+                ": `toolhostctl call tools.list` lists the tools, `toolhostctl call rpc.discover` "
+                "the methods)";
+    }
+    std::fprintf(stderr, "toolhostctl: %s\n", detail.c_str());
     return kExitRpcError;
   }
   const auto* result = response->if_contains("result");

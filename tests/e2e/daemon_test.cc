@@ -435,6 +435,10 @@ TEST_CASE("toolhostctl prints JSON with exit codes a script can rely on", "[e2e]
   auto noTool = runProgram({ctl, "--socket", socket, "call", "no-such-tool", "{}"});
   CHECK(noTool.status == 1);
   CHECK(parse(noTool.out).at("code") == -32001);
+  // It could have been a mistyped method: the words say so.
+  CHECK_THAT(noTool.err, Catch::Contains("no active tool named no-such-tool") &&
+                             Catch::Contains("no method is named no-such-tool") &&
+                             Catch::Contains("rpc.discover"));
   // A tool's name goes straight to tools.call: no "no method" warning in the daemon's log.
   CHECK(daemon->log().find("no method named \"echo\"") == std::string::npos);
   CHECK(daemon->log().find("no method named \"time-now\"") == std::string::npos);

@@ -301,6 +301,59 @@ void registerToolMethods(MethodTable& methods, ToolServices services) {
         } else {
           co_return invalidParams("params: give name or revision");
         }
+        // A function call pinned to a tooldefinition of its lineage runs what that defines,
+        // found through the task the call executes (the registry never holds it; a registry
+        // tool of the same name is what the definition shadows there).
+        std::optional<std::string> pinnedAs;  // the definition's id, when that is what runs
+        bool lineageCode = false;             // code an agent defined: no admin installed it
+        // The task, read once: checked below.
+        std::optional<registry::Result<json::object>> executed;
+        const auto* taskParam = params.if_contains("taskId");
+        if (taskParam != nullptr && services.tasks != nullptr &&
+            (resolved || resolved.error().code == RegistryErrc::notFound)) {
+          executed = services.tasks->get(std::string(taskParam->as_string()));
+          const auto& stored = *executed;
+          const json::object* call = nullptr;
+          if (stored && stored->at("kind") == "functioncall") {
+            if (const auto* found = stored->if_contains("call"); found && found->is_object()) {
+              call = &found->as_object();
+            }
+          }
+          const auto* pin = call != nullptr ? call->if_contains("toolRevision") : nullptr;
+          const auto* callName = call != nullptr ? call->if_contains("name") : nullptr;
+          if (pin != nullptr && pin->is_string() &&
+              (!resolved || (*resolved)->revision != pin->as_string())) {
+            const std::string pinned(pin->as_string());
+            const auto* revision = params.if_contains("revision");
+            const bool named = revision != nullptr
+                                   ? revision->as_string() == pinned
+                                   : callName != nullptr && name && callName->is_string() &&
+                                         callName->as_string() == *name;
+            if (named) {
+              // The first call of a definition reads it and compiles its parameters: off the I/O
+              // thread, as large arguments are checked (later calls find it made).
+              auto lookup = [&] { return services.tasks->definedTool(pinned); };
+              // (Not a conditional expression: g++ 12 mishandles co_await in one.)
+              registry::Result<std::optional<registry::ToolRevisionPtr>> defined =
+                  registry::RegistryError{RegistryErrc::notFound, ""};
+              if (services.checks != nullptr) {
+                defined = co_await services.checks->run(lookup);
+              } else {
+                defined = lookup();
+              }
+              // Not a task at all: a registry revision the call was pinned to (the check of the
+              // taskId below says so).
+              if (!defined && defined.error().code != RegistryErrc::notFound) {
+                co_return toRpcError(defined.error());
+              }
+              if (defined && *defined) {
+                lineageCode = (**defined)->revision == pinned;
+                resolved = **defined;
+                pinnedAs = pinned;
+              }
+            }
+          }
+        }
         if (!resolved) co_return toRpcError(resolved.error());
         registry::ToolRevisionPtr tool = *resolved;
         json::object arguments;
@@ -327,13 +380,14 @@ void registerToolMethods(MethodTable& methods, ToolServices services) {
           // call pinned to the revision that runs, run with the arguments it records, in the
           // order it records them.
           const std::string id(task->as_string());
-          auto stored = services.tasks->get(id);
+          if (!executed) executed = services.tasks->get(id);
+          auto& stored = *executed;
           if (!stored) co_return toRpcError(stored.error());
           const auto* call = stored->if_contains("call");
           const auto* pinned =
               call && call->is_object() ? call->as_object().if_contains("toolRevision") : nullptr;
           if (stored->at("kind") != "functioncall" || pinned == nullptr ||
-              *pinned != json::value(tool->revision)) {
+              *pinned != json::value(pinnedAs.value_or(tool->revision))) {
             co_return invalidParams("params.taskId: " + id +
                                     " is not a function call of this revision (" + tool->revision +
                                     "): a call's subtasks follow the call it executes");
@@ -379,6 +433,9 @@ void registerToolMethods(MethodTable& methods, ToolServices services) {
             if (const auto* mode = params.if_contains("mode"); mode && mode->as_string() == "disposable") {
               options.mode = runtime::CallOptions::Mode::disposable;
             }
+            // Code an agent defined gets no retained sandbox: it could otherwise push out those of
+            // the tools an admin installed.
+            if (lineageCode) options.mode = runtime::CallOptions::Mode::disposable;
             options.limits = requestedLimits(params);
             const runtime::CallLimits requested = options.limits;
             if (const auto* task = params.if_contains("taskId")) {

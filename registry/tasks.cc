@@ -947,6 +947,74 @@ Result<std::vector<std::string>> TaskStore::verifyAll() {
                 store_);
 }
 
+Result<std::optional<ToolRevisionPtr>> TaskStore::definedTool(const std::string& definitionId) {
+  using Found = std::optional<ToolRevisionPtr>;
+  auto bound = [&](const std::string& target) -> Result<Found> {
+    auto tool = registry_.getRevision(target);
+    if (!tool) return tool.error();
+    return Found(*tool);
+  };
+  {
+    std::lock_guard lock(definedMutex_);
+    for (auto it = defined_.begin(); it != defined_.end(); ++it) {
+      if (it->id != definitionId) continue;
+      defined_.splice(defined_.begin(), defined_, it);
+      if (it->code) return Found(it->code);
+      const std::string target = it->bindingTarget;
+      return bound(target);
+    }
+  }
+  auto task = get(definitionId);
+  if (!task) return task.error();
+  if (stringMember(*task, "kind") != task_kind::kToolDefinition) return Found();
+  const json::object& definition = objectAt(*task, "definition");
+  const json::object& implementation = objectAt(definition, "implementation");
+  Defined made{definitionId, nullptr, "", 0};
+  if (stringMember(implementation, "type") == "binding") {
+    made.bindingTarget = stringAt(implementation, "targetRevision");
+    made.bytes = made.bindingTarget.size() + definitionId.size();
+  } else {
+    json::object execution{{"class", "sandboxed-code"},
+                           {"runtime", "javascript"},
+                           {"source", implementation.at("source")}};
+    if (const auto* modules = implementation.if_contains("modules"))
+      execution["modules"] = *modules;
+    auto tool = std::make_shared<ToolRevision>();
+    tool->revision = definitionId;
+    tool->name = stringAt(definition, "name");
+    tool->manifest = json::object{{"name", definition.at("name")},
+                                  {"description", definition.at("description")},
+                                  {"parameters", definition.at("parameters")},
+                                  {"execution", std::move(execution)}};
+    tool->executionClass = ExecutionClass::sandboxedCode;
+    auto parameters = compileToolSchema(definition.at("parameters"),
+                                        "the parameters of definition " + definitionId);
+    if (!parameters) return parameters.error();
+    tool->parameters = std::move(*parameters);
+    made.bytes = protocol::writeJson(tool->manifest).size();
+    made.code = std::move(tool);
+  }
+  Defined kept = made;
+  {
+    std::lock_guard lock(definedMutex_);
+    std::erase_if(defined_, [&](const Defined& entry) {
+      if (entry.id != definitionId) return false;
+      definedBytes_ -= entry.bytes;
+      return true;
+    });
+    if (made.bytes <= kMaxDefinedBytes) {
+      definedBytes_ += made.bytes;
+      defined_.push_front(std::move(made));
+      while (defined_.size() > kMaxDefinedTools || definedBytes_ > kMaxDefinedBytes) {
+        definedBytes_ -= defined_.back().bytes;
+        defined_.pop_back();
+      }
+    }
+  }
+  if (kept.code) return Found(std::move(kept.code));
+  return bound(kept.bindingTarget);
+}
+
 Result<json::object> TaskStore::get(const std::string& id) {
   if (!protocol::isContentHash(id)) return missing(shown(id) + " is not a task id (sha256:...)");
   auto task = unwrap(

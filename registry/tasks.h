@@ -30,6 +30,8 @@
 #include <boost/json/object.hpp>
 
 #include <cstddef>
+#include <list>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -120,6 +122,17 @@ class TaskStore {
   // (a call compiled there would be pinned to it).
   Result<std::optional<std::string>> definitionFor(const std::string& id, std::string_view name);
 
+  // What a function call pinned to the tooldefinition task `definitionId` runs: for a binding,
+  // the registry revision it pins; for code, a sandboxed-code revision made from the definition
+  // (its revision is the definition's id, its name the definition's; no capabilities, since a
+  // definition requests none; the daemon's default limits). nullopt when `definitionId` is a
+  // stored task but no tooldefinition. Tasks never change, so what it made is kept (at most
+  // kMaxDefinedTools of them, kMaxDefinedBytes of definition text, least recently used out):
+  // a call of a kept one neither reads the task nor compiles its parameters again.
+  static constexpr std::size_t kMaxDefinedTools = 64;
+  static constexpr std::size_t kMaxDefinedBytes = 16 << 20;
+  Result<std::optional<ToolRevisionPtr>> definedTool(const std::string& definitionId);
+
   // The task and its ancestors through parentId, root first.
   Result<boost::json::array> lineage(const std::string& id);
 
@@ -140,6 +153,17 @@ class TaskStore {
   Registry& registry_;
   TaskLimits limits_;
   store::Table tasks_;  // task id -> canonical JSON of the task without its id
+
+  // definedTool()'s results, most recently used first; a binding's keeps the revision it pins.
+  struct Defined {
+    std::string id;
+    ToolRevisionPtr code;       // a code definition's tool
+    std::string bindingTarget;  // a binding's registry revision
+    std::size_t bytes = 0;
+  };
+  std::mutex definedMutex_;
+  std::list<Defined> defined_;    // under definedMutex_
+  std::size_t definedBytes_ = 0;  // under definedMutex_
 };
 
 // The id of a task: the content hash (toolhost.task.v1) of the task without its "id" member.

@@ -805,3 +805,85 @@ TEST_CASE("tasks: a call's subtasks share its output limit", "[e2e][tasks]") {
   CHECK(answer.at("subtasks").as_array().size() == static_cast<std::size_t>(made));
   CHECK(json::serialize(answer.at("subtasks")).size() <= 4096);
 }
+
+TEST_CASE("tasks: a function call pinned to a definition of its lineage runs what it defines",
+          "[e2e][tasks]") {
+  auto daemon = DaemonProcess::start();
+  RawClient client(daemon->socket());
+  const std::string gamma = installActive(client, "gamma");
+  // A registry tool of the same name: in the lineage, the definition shadows it.
+  const std::string registryAdder =
+      installActive(client, manifest("adder", "export default async () => ({registry: true})"));
+  auto adder = definition("adder");
+  adder["definition"].as_object()["parameters"] =
+      json::parse(R"({"type":"object","properties":{"a":{"type":"integer"}},"required":["a"]})");
+  adder["definition"].as_object()["implementation"] =
+      json::object{{"type", "code"},
+                   {"source",
+                    "let calls = 0;\n"
+                    "export default async (args, ctx) => {\n"
+                    "  calls++;\n"
+                    "  let fetched;\n"
+                    "  try { await fetch('https://example.com/'); fetched = 'yes'; }\n"
+                    "  catch (e) { fetched = String(e.message); }\n"
+                    "  return {sum: args.a + 1, calls, fetched};\n"
+                    "}"}};
+  auto alias = definition("forecast");
+  alias["definition"].as_object()["implementation"] =
+      json::object{{"type", "binding"}, {"targetRevision", gamma}};
+  auto chain = append(client, json::array{message("user", "add one"), adder, alias,
+                                          callDraft("adder", json::object{{"a", 41}}),
+                                          callDraft("forecast", json::object{{"city", "Oslo"}})});
+  const std::string adderDefinition = idOf(chain[1]);
+  const std::string aliasDefinition = idOf(chain[2]);
+  CHECK(chain[3].at("call").at("toolRevision") == json::value(adderDefinition));
+  CHECK(chain[4].at("call").at("toolRevision") == json::value(aliasDefinition));
+
+  // Code: the definition's id as its revision; by name or by revision, each time in a fresh
+  // sandbox (no module state carried, none retained), with no capability.
+  for (int round = 0; round < 2; ++round) {
+    auto byName =
+        resultOf(client.call("tools.call", json::object{{"name", "adder"},
+                                                        {"arguments", json::object{{"a", 41}}},
+                                                        {"taskId", idOf(chain[3])}}));
+    CHECK(byName.at("result").at("sum") == 42);
+    CHECK(byName.at("result").at("calls") == 1);
+    CHECK(byName.at("revision") == json::value(adderDefinition));
+    CHECK(byName.at("name") == "adder");
+    CHECK(byName.at("usage").at("freshSandbox") == true);
+    CHECK_THAT(str(byName.at("result").at("fetched")), Catch::Contains("does not request fetch"));
+    auto byRevision =
+        resultOf(client.call("tools.call", json::object{{"revision", adderDefinition},
+                                                        {"arguments", json::object{{"a", 41}}},
+                                                        {"mode", "retained"},
+                                                        {"taskId", idOf(chain[3])}}));
+    CHECK(byRevision.at("result").at("sum") == 42);
+    CHECK(byRevision.at("result").at("calls") == 1);
+  }
+  for (const auto& sandbox : resultOf(client.call("sandboxes.list")).at("sandboxes").as_array()) {
+    CHECK(sandbox.at("revision") != json::value(adderDefinition));
+  }
+  // Its parameters hold; without the task the name is the registry's tool.
+  auto invalid = client.call("tools.call", json::object{{"name", "adder"},
+                                                        {"arguments", json::object{{"a", "x"}}},
+                                                        {"taskId", idOf(chain[3])}});
+  CHECK(errorCode(invalid) == -32602);
+  auto outside = resultOf(
+      client.call("tools.call",
+                  json::object{{"name", "adder"}, {"arguments", json::object{{"city", "Oslo"}}}}));
+  CHECK(outside.at("revision") == json::value(registryAdder));
+  CHECK(outside.at("result").at("registry") == true);
+  // The call's own name only: another tool's name with this task is no way in.
+  auto otherName = client.call("tools.call", json::object{{"name", "gamma"},
+                                                          {"arguments", json::object{{"a", 41}}},
+                                                          {"taskId", idOf(chain[3])}});
+  CHECK(errorCode(otherName) == -32602);
+
+  // A binding: the registry revision it pins.
+  auto bound =
+      resultOf(client.call("tools.call", json::object{{"name", "forecast"},
+                                                      {"arguments", json::object{{"city", "Oslo"}}},
+                                                      {"taskId", idOf(chain[4])}}));
+  CHECK(bound.at("revision") == json::value(gamma));
+  CHECK(bound.at("result").at("city") == "Oslo");
+}

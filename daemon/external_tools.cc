@@ -19,6 +19,7 @@
 #include <boost/json/serialize.hpp>
 #include <boost/system/system_error.hpp>
 
+#include <algorithm>
 #include <chrono>
 
 namespace toolhost::daemon {
@@ -242,9 +243,23 @@ asio::awaitable<void> sleepUntil(Clock::time_point deadline) {
 
 }  // namespace
 
-void ExternalTools::setOwnSocket(const std::filesystem::path& socket) {
+void ExternalTools::addOwnSocket(const std::filesystem::path& socket) {
   struct stat own {};
-  if (::stat(socket.c_str(), &own) == 0) ownSocket_ = std::make_pair(own.st_dev, own.st_ino);
+  if (::stat(socket.c_str(), &own) != 0) return;
+  std::lock_guard lock(ownMutex_);
+  // The daemon listens on the first socket and the one made last: older ones are closed, but
+  // their numbers may come back for other files; a few are kept all the same.
+  constexpr std::size_t kKept = 8;
+  if (ownSockets_.size() >= kKept) ownSockets_.erase(ownSockets_.begin() + 1);
+  ownSockets_.emplace_back(own.st_dev, own.st_ino);
+}
+
+bool ExternalTools::isOwnSocket(const std::filesystem::path& path) const {
+  struct stat target {};
+  if (::stat(path.c_str(), &target) != 0) return false;
+  std::lock_guard lock(ownMutex_);
+  return std::find(ownSockets_.begin(), ownSockets_.end(),
+                   std::make_pair(target.st_dev, target.st_ino)) != ownSockets_.end();
 }
 
 asio::awaitable<MethodResult> ExternalTools::call(registry::ToolRevisionPtr tool,
@@ -383,8 +398,7 @@ asio::awaitable<MethodResult> ExternalTools::call(registry::ToolRevisionPtr tool
 
   // unix:/path
   const std::string path = endpoint.substr(5);
-  if (struct stat target{}; ownSocket_ && ::stat(path.c_str(), &target) == 0 &&
-                            std::make_pair(target.st_dev, target.st_ino) == *ownSocket_) {
+  if (isOwnSocket(path)) {
     co_return finish(Failure{
         app_error::kInvalidDefinition, "invalid-definition",
         "the endpoint " + endpoint + " is this daemon's own socket: the call would call itself"});

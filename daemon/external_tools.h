@@ -19,8 +19,10 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <mutex>
 #include <optional>
 #include <utility>
+#include <vector>
 
 namespace toolhost::daemon {
 
@@ -28,9 +30,10 @@ class ExternalTools {
  public:
   explicit ExternalTools(MediationServices services) : services_(services) {}
 
-  // The daemon's own listening socket: an endpoint that is it (by path, symlink or hard link)
-  // is refused, or each call would call itself again, as admin, until descriptors ran out.
-  void setOwnSocket(const std::filesystem::path& socket);
+  // One of the daemon's own listening sockets (the first, and each made again after its file
+  // went): an endpoint that is one (by path, symlink or hard link) is refused, or each call
+  // would call itself again, as admin, until descriptors ran out. Any thread.
+  void addOwnSocket(const std::filesystem::path& socket);
 
   // Forwards one call of `tool` (an external-service revision; arguments already validated).
   // The tool's limits are the manifest's wallMs (else [fetch] timeout_ms) and outputBytes (else
@@ -44,7 +47,10 @@ class ExternalTools {
 
  private:
   MediationServices services_;
-  std::optional<std::pair<dev_t, ino_t>> ownSocket_;  // set before the first call
+  bool isOwnSocket(const std::filesystem::path& path) const;
+
+  mutable std::mutex ownMutex_;
+  std::vector<std::pair<dev_t, ino_t>> ownSockets_;  // under ownMutex_; the last few
 };
 
 }  // namespace toolhost::daemon

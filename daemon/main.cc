@@ -120,6 +120,14 @@ int run(const daemon::Config& config, const daemon::CommandLine& commandLine) {
     return 1;
   }
 
+  // A second daemon on a live socket stops before it makes a state directory it would never use
+  // (a mistyped --state-dir would be left behind). Listening checks again.
+  if (!systemd->socketActivated() && !commandLine.forgetSecrets &&
+      daemon::Server::somebodyListensAt(config.socketPath)) {
+    spdlog::critical("another daemon is already listening on {}", config.socketPath.string());
+    return 1;
+  }
+
   // A state directory another user controls would let them plant the database and the secrets
   // key, or read them. Directories made here are private; one that exists keeps its mode (it may
   // be shared, such as /var/lib): what the daemon keeps in it is private anyway (db/ is 0700,
@@ -342,7 +350,9 @@ int run(const daemon::Config& config, const daemon::CommandLine& commandLine) {
     spdlog::critical("{}", listening.error().detail);
     return 1;
   }
-  externalTools.setOwnSocket(server.socketPath());
+  externalTools.addOwnSocket(server.socketPath());
+  server.onSocketMade(
+      [&externalTools](const std::filesystem::path& made) { externalTools.addOwnSocket(made); });
 
   lifecycle.start();
   server.start();

@@ -63,10 +63,14 @@ Server::Server(asio::io_context& io, const ConfigHolder& configs, Dispatcher& di
       socketPath_(startup_->socketPath),
       dispatcher_(dispatcher),
       acceptStrand_(asio::make_strand(io)),
-      acceptor_(acceptStrand_),
       socketWatch_(acceptStrand_) {}
 
 Server::~Server() { unlinkSocket(); }
+
+bool Server::somebodyListensAt(const fs::path& path) {
+  int error = 0;
+  return path.native().size() <= kMaxSocketPathBytes && somebodyListens(path, error);
+}
 
 boost::system::result<void, ServerError> Server::listen() {
   const Config& config = *startup_;
@@ -88,7 +92,7 @@ boost::system::result<void, ServerError> Server::listen() {
   return adopt(*fd, config.socketPath);
 }
 
-boost::system::result<int, ServerError> Server::bindSocket(bool replaceStale) {
+boost::system::result<int, ServerError> Server::bindSocket(bool atStart) {
   const Config& config = *startup_;
   const fs::path& path = config.socketPath;
   if (path.native().size() > kMaxSocketPathBytes) {
@@ -103,7 +107,7 @@ boost::system::result<int, ServerError> Server::bindSocket(bool replaceStale) {
   auto made =
       protocol::makeTrustedDirectories(shown, config.socketGroup ? 0710 : 0700, config.socketGroup);
   if (!made) return ServerError{"refusing to listen at " + path.string() + ": " + made.error()};
-  if (!*made && config.socketGroup) {
+  if (!*made && config.socketGroup && atStart) {
     // A directory that was there already keeps its mode: say so when the group cannot pass it.
     struct stat dir {};
     if (::stat(shown.c_str(), &dir) == 0 && (dir.st_mode & S_IXOTH) == 0 &&
@@ -118,7 +122,7 @@ boost::system::result<int, ServerError> Server::bindSocket(bool replaceStale) {
 
   struct stat existing {};
   if (::lstat(path.c_str(), &existing) == 0) {
-    if (!replaceStale) return ServerError{path.string() + " exists"};
+    if (!atStart) return ServerError{path.string() + " exists"};
     if (!S_ISSOCK(existing.st_mode)) {
       return ServerError{path.string() + " exists and is not a socket; refusing to replace it"};
     }
@@ -142,6 +146,8 @@ boost::system::result<int, ServerError> Server::bindSocket(bool replaceStale) {
   address.sun_family = AF_UNIX;
   std::memcpy(address.sun_path, path.c_str(), path.native().size());
   // The socket file is created 0600 from the start: no window in which others could connect.
+  // (The mask is the process's: when the file is made again while the daemon runs, nothing else
+  // in it makes files, and a process it starts meanwhile makes none either.)
   mode_t previous = ::umask(0177);
   int rc = ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address);
   int bindError = errno;
@@ -175,17 +181,39 @@ boost::system::result<int, ServerError> Server::bindSocket(bool replaceStale) {
 }
 
 boost::system::result<void, ServerError> Server::adopt(int listeningFd, fs::path path) {
+  auto acceptor = std::make_shared<stream_protocol::acceptor>(acceptStrand_);
   boost::system::error_code ec;
-  acceptor_.assign(stream_protocol(), listeningFd, ec);
+  acceptor->assign(stream_protocol(), listeningFd, ec);
   if (ec) return ServerError{"cannot use the listening socket: " + ec.message()};
+  acceptor_ = std::move(acceptor);
   socketPath_ = std::move(path);
+  // What the watch compares the path with: the file made here, or the one systemd made (an
+  // abstract socket, "@name", has none).
+  watched_ = madeSocket_;
+  if (!madeSocket_ && !socketPath_.native().starts_with("@")) {
+    struct stat passed {};
+    if (::lstat(socketPath_.c_str(), &passed) == 0 && S_ISSOCK(passed.st_mode)) {
+      socketDevice_ = passed.st_dev;
+      socketInode_ = passed.st_ino;
+      watched_ = true;
+    }
+  }
   return {};
 }
 
+void Server::onSocketMade(std::function<void(const fs::path&)> listener) {
+  onSocketMade_ = std::move(listener);
+}
+
 void Server::start() {
-  asio::co_spawn(acceptStrand_, acceptLoop(), [](std::exception_ptr e) { logIfThrew("accept loop", e); });
+  spawnAcceptLoop(acceptor_);
   asio::co_spawn(acceptStrand_, watchSocket(),
                  [](std::exception_ptr e) { logIfThrew("socket watch", e); });
+}
+
+void Server::spawnAcceptLoop(std::shared_ptr<stream_protocol::acceptor> acceptor) {
+  asio::co_spawn(acceptStrand_, acceptLoop(std::move(acceptor)),
+                 [](std::exception_ptr e) { logIfThrew("accept loop", e); });
 }
 
 std::optional<std::string> Server::socketProblem() const {
@@ -198,7 +226,7 @@ asio::awaitable<void> Server::watchSocket() {
   for (;;) {
     socketWatch_.expires_after(kSocketCheckInterval);
     co_await socketWatch_.async_wait(asio::as_tuple(asio::use_awaitable));
-    if (stopping_ || !acceptor_.is_open()) co_return;
+    if (stopping_) co_return;
     std::optional<std::string> problem = checkSocket();
     {
       std::lock_guard lock(mutex_);
@@ -214,59 +242,57 @@ asio::awaitable<void> Server::watchSocket() {
 }
 
 std::optional<std::string> Server::checkSocket() {
+  if (!watched_) return std::nullopt;
   struct stat current {};
   const bool present = ::lstat(socketPath_.c_str(), &current) == 0;
   const int error = present ? 0 : errno;
-  if (!madeSocket_) {
-    // systemd's socket (socket activation): only systemd can make it again.
-    if (present) return std::nullopt;
-    return "the socket file " + socketPath_.string() + " is gone (" + errnoText(error) +
-           "): no new client can connect; systemd made it, so restart toolhost.socket and "
-           "toolhost.service to make it again";
-  }
   if (present && current.st_dev == socketDevice_ && current.st_ino == socketInode_) {
     return std::nullopt;
   }
   if (present) {
-    // Something else took the path: never ours to remove. A socket nobody listens on is replaced,
-    // as at start; a live one is another daemon's.
-    int listenError = 0;
-    if (!S_ISSOCK(current.st_mode)) {
-      return socketPath_.string() +
-             " was replaced by something that is not a socket: no new client can connect; remove "
-             "it and this daemon makes its socket again";
-    }
-    if (somebodyListens(socketPath_, listenError)) {
-      return socketPath_.string() +
-             " was replaced by another listening socket: new clients connect to whoever made it, "
-             "not to this daemon (pid " +
-             std::to_string(::getpid()) + ")";
-    }
-  } else if (error != ENOENT && error != ENOTDIR) {
+    // Something else took the path: never ours to remove, nor to connect to.
+    const std::string what = S_ISSOCK(current.st_mode) ? "a socket" : "a file that is no socket";
+    return socketPath_.string() + " was replaced by " + what +
+           " this daemon did not make: new clients do not reach this daemon; remove it, and " +
+           (madeSocket_ ? "this daemon makes its socket again"
+                        : "restart toolhost.socket and toolhost.service (systemd makes the "
+                          "socket file)");
+  }
+  if (error != ENOENT && error != ENOTDIR) {
     return "cannot inspect the socket file " + socketPath_.string() + ": " + errnoText(error);
   }
-  // Gone (a cleaner of /tmp or /run, a mistaken rm) or a dead socket in its place: a new one,
-  // made as at start. Connections made so far are not touched.
+  if (!madeSocket_) {
+    return "the socket file " + socketPath_.string() + " is gone (" + errnoText(error) +
+           "): no new client can connect; systemd made it, so restart toolhost.socket and "
+           "toolhost.service to make it again";
+  }
+  // Gone (a cleaner of /tmp or /run, a mistaken rm): a new one, made as at start. The sockets
+  // listening so far stay open (a hard link or a bind mount may still lead clients to them):
+  // the first one, and the one made last.
   ownsSocketFile_ = false;
-  auto fd = bindSocket(true);
+  auto fd = bindSocket(false);
   if (!fd) {
     return "the socket file " + socketPath_.string() +
            " is gone and cannot be made again: " + fd.error().detail +
            "; no new client can connect";
   }
-  boost::system::error_code ignored;
-  acceptor_.close(ignored);  // its accept loop ends
+  auto acceptor = std::make_shared<stream_protocol::acceptor>(acceptStrand_);
   boost::system::error_code assigned;
-  acceptor_.assign(stream_protocol(), *fd, assigned);
+  acceptor->assign(stream_protocol(), *fd, assigned);
   if (assigned) {
     ::close(*fd);
     unlinkSocket();
     return "the socket file " + socketPath_.string() +
            " is gone and cannot be made again: " + assigned.message();
   }
+  if (remade_) {
+    boost::system::error_code ignored;
+    remade_->close(ignored);  // its accept loop ends
+  }
+  remade_ = acceptor;
+  spawnAcceptLoop(std::move(acceptor));
   spdlog::warn("the socket file {} was gone; made it again", socketPath_.string());
-  asio::co_spawn(acceptStrand_, acceptLoop(),
-                 [](std::exception_ptr e) { logIfThrew("accept loop", e); });
+  if (onSocketMade_) onSocketMade_(socketPath_);
   return std::nullopt;
 }
 
@@ -281,12 +307,12 @@ void Server::unlinkSocket() {
   }
 }
 
-asio::awaitable<void> Server::acceptLoop() {
+asio::awaitable<void> Server::acceptLoop(std::shared_ptr<stream_protocol::acceptor> acceptor) {
   asio::steady_timer backoff(acceptStrand_);
   for (;;) {
-    auto [ec, socket] = co_await acceptor_.async_accept(asio::make_strand(io_),
+    auto [ec, socket] = co_await acceptor->async_accept(asio::make_strand(io_),
                                                         asio::as_tuple(asio::use_awaitable));
-    if (ec == asio::error::operation_aborted || !acceptor_.is_open()) co_return;
+    if (ec == asio::error::operation_aborted || !acceptor->is_open()) co_return;
     if (ec) {
       // Out of descriptors and the like: wait a little rather than spin.
       spdlog::warn("accept failed: {}", ec.message());
@@ -413,7 +439,8 @@ asio::awaitable<void> Server::shutdown(std::chrono::milliseconds grace) {
     stopping_ = true;
     socketWatch_.cancel();
     boost::system::error_code ignored;
-    acceptor_.close(ignored);
+    if (acceptor_) acceptor_->close(ignored);
+    if (remade_) remade_->close(ignored);
     unlinkSocket();
   });
   // Popup hosts and approvers stay until the others have ended: calls there may wait on them.

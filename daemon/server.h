@@ -18,6 +18,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -43,10 +44,14 @@ class Server {
   // file belongs to whoever created it and is never unlinked.
   boost::system::result<void, ServerError> adopt(int listeningFd, std::filesystem::path path);
   // Starts accepting, and a check every kSocketCheckInterval that the socket file is still
-  // there: one removed (a cleaner of /tmp or /run, a mistaken rm) or replaced by a dead socket
-  // is made again as at start; a path taken by something else is left alone and logged.
+  // there: one removed (a cleaner of /tmp or /run, a mistaken rm) is made again as at start,
+  // beside the sockets listening so far (the first and the last made stay open: a hard link or
+  // a bind mount may lead to them); a path taken by something else is left alone (never
+  // connected to) and reported. systemd's socket is only reported.
   void start();
   static constexpr std::chrono::milliseconds kSocketCheckInterval{1000};
+  // Runs on the accept strand each time the socket file was made again. Set before start().
+  void onSocketMade(std::function<void(const std::filesystem::path&)> listener);
   // Why new clients cannot reach this daemon through its socket file, as of the last check;
   // nothing while they can. Any thread.
   std::optional<std::string> socketProblem() const;
@@ -56,17 +61,24 @@ class Server {
   // approvers) keep reading until all the others have ended.
   boost::asio::awaitable<void> shutdown(std::chrono::milliseconds grace);
 
+  // Whether something listens on the Unix socket at `path` now (a connect succeeds or its
+  // backlog is full). Never waits.
+  static bool somebodyListensAt(const std::filesystem::path& path);
+
   std::size_t connectionCount() const;
   std::uint64_t connectionsAccepted() const { return nextId_.load() - 1; }
   const std::filesystem::path& socketPath() const { return socketPath_; }
 
  private:
-  boost::asio::awaitable<void> acceptLoop();
+  using Acceptor = boost::asio::local::stream_protocol::acceptor;
+  boost::asio::awaitable<void> acceptLoop(std::shared_ptr<Acceptor> acceptor);
+  void spawnAcceptLoop(std::shared_ptr<Acceptor> acceptor);
   boost::asio::awaitable<void> watchSocket();
   // The file at socketPath_, made again if it is gone: what is wrong with it now. Accept strand.
   std::optional<std::string> checkSocket();
-  // A listening socket at the configured path (removing a dead one there when replaceStale).
-  boost::system::result<int, ServerError> bindSocket(bool replaceStale);
+  // A listening socket at the configured path. atStart: a dead socket there is replaced, and a
+  // socket_group its directory keeps out is warned about; later, the path must be free.
+  boost::system::result<int, ServerError> bindSocket(bool atStart);
   void startSession(boost::asio::local::stream_protocol::socket socket);
   void removeSession(std::uint64_t id);
   void unlinkSocket();
@@ -78,9 +90,12 @@ class Server {
   std::filesystem::path socketPath_;
   Dispatcher& dispatcher_;
   boost::asio::strand<boost::asio::io_context::executor_type> acceptStrand_;
-  boost::asio::local::stream_protocol::acceptor acceptor_;
+  std::shared_ptr<Acceptor> acceptor_;     // the socket listening from the start
+  std::shared_ptr<Acceptor> remade_;       // accept strand: the one made last, if the file went
   boost::asio::steady_timer socketWatch_;  // accept strand
   bool stopping_ = false;                  // accept strand
+  bool watched_ = false;  // the path has a file to compare (not an abstract socket)
+  std::function<void(const std::filesystem::path&)> onSocketMade_;
   bool ownsSocketFile_ = false;
   bool madeSocket_ = false;  // by listen(), not adopted from systemd
   dev_t socketDevice_ = 0;

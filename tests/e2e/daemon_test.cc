@@ -205,6 +205,12 @@ TEST_CASE("a stale socket is replaced, a live one stops a second daemon", "[e2e]
   CHECK(client.call("ping").contains("result"));
 
   checkRivalRefused(socket);
+  // A rival with a state directory of its own leaves none behind.
+  DaemonOptions rival;
+  rival.socketPath = socket;
+  rival.stateDir = dir.path() / "rival-state";
+  checkStartRefused(rival, "already listening");
+  CHECK_FALSE(fs::exists(dir.path() / "rival-state"));
   // The first daemon still serves, on the same socket file.
   CHECK(client.call("ping").contains("result"));
   RawClient again(socket);
@@ -258,6 +264,16 @@ json::object waitForSocketCheck(RawClient& client, bool ok) {
   return check;
 }
 
+// Connects to `socket` and pings; false if that fails.
+bool pings(const fs::path& socket) {
+  try {
+    RawClient client(socket);
+    return client.call("ping").contains("result");
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
 TEST_CASE("a socket file removed while the daemon runs is made again", "[e2e][daemon]") {
   TempDir dir;
   auto socket = dir.path() / "sub" / "s";
@@ -267,30 +283,28 @@ TEST_CASE("a socket file removed while the daemon runs is made again", "[e2e][da
   RawClient kept(socket);
   CHECK(waitForSocketCheck(kept, true).at("path") == socket.c_str());
 
+  bool linked = false;
   SECTION("the file") { fs::remove(socket); }
   SECTION("its directory") { fs::remove_all(socket.parent_path()); }
-  SECTION("a dead socket in its place") {
+  SECTION("the file, with a hard link to it left") {
+    fs::create_hard_link(socket, dir.path() / "link");
     fs::remove(socket);
-    makeStaleSocket(socket);
+    linked = true;
   }
-  CHECK(waitForSocketCheck(kept, true).at("ok") == true);
   // Within the check's interval, new clients get in again, and the kept connection still works.
   bool connected = false;
   for (int i = 0; i < 100 && !connected; ++i) {
     struct stat st {};
-    if (::stat(socket.c_str(), &st) == 0 && S_ISSOCK(st.st_mode) && (st.st_mode & 0777) == 0600) {
-      try {
-        RawClient fresh(socket);
-        connected = fresh.call("ping").contains("result");
-      } catch (const std::exception&) {
-      }
-    }
+    connected = ::stat(socket.c_str(), &st) == 0 && S_ISSOCK(st.st_mode) &&
+                (st.st_mode & 0777) == 0600 && pings(socket);
     if (!connected) std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   CHECK(connected);
   CHECK(kept.call("ping").contains("result"));
   CHECK(waitForSocketCheck(kept, true).at("ok") == true);
   CHECK_THAT(daemon->log(), Catch::Contains("was gone; made it again"));
+  // The socket listening before still does: a link (or a bind mount) leads clients to it.
+  if (linked) CHECK(pings(dir.path() / "link"));
   // It is removed at exit like the first one.
   ::kill(daemon->pid(), SIGTERM);
   CHECK(daemon->wait(std::chrono::seconds(10)) == 0);
@@ -305,20 +319,45 @@ TEST_CASE("a socket path taken by something else while the daemon runs is left a
   options.socketPath = socket;
   auto daemon = DaemonProcess::start(options);
   RawClient kept(socket);
-  fs::remove(socket);
-  std::ofstream(socket) << "precious";
+  int listener = -1;
+  std::string kind;
+  // Put in place at once (rename), so that the daemon never sees the path free.
+  SECTION("a file") {
+    std::ofstream(dir.path() / "file") << "precious";
+    fs::rename(dir.path() / "file", socket);
+    kind = "a file that is no socket";
+  }
+  SECTION("a dead socket") {
+    makeStaleSocket(dir.path() / "dead");
+    fs::rename(dir.path() / "dead", socket);
+    kind = "a socket";
+  }
+  SECTION("another program's listening socket, never connected to") {
+    listener = ::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    const sockaddr_un address = addressOf(dir.path() / "live");
+    REQUIRE(::bind(listener, reinterpret_cast<const sockaddr*>(&address), sizeof address) == 0);
+    REQUIRE(::listen(listener, 8) == 0);
+    fs::rename(dir.path() / "live", socket);
+    kind = "a socket";
+  }
   auto check = waitForSocketCheck(kept, false);
   CHECK(check.at("ok") == false);
-  CHECK_THAT(std::string(check.at("detail").as_string()), Catch::Contains("not a socket"));
+  REQUIRE(check.contains("detail"));
+  CHECK_THAT(std::string(check.at("detail").as_string()),
+             Catch::Contains("was replaced by " + kind + " this daemon did not make"));
   CHECK(kept.call("daemon.health").at("result").at("status") == "degraded");
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // a check or two more
+  if (listener >= 0) {
+    CHECK(::accept(listener, nullptr, nullptr) < 0);  // nobody knocked
+    ::close(listener);
+  }
   // Once it is gone, the daemon's socket comes back.
   fs::remove(socket);
   CHECK(waitForSocketCheck(kept, true).at("ok") == true);
-  RawClient fresh(socket);
-  CHECK(fresh.call("ping").contains("result"));
+  CHECK(pings(socket));
   // The log says each once.
   const std::string log = daemon->log();
-  CHECK(log.find("not a socket") == log.rfind("not a socket"));
+  CHECK(log.find("was replaced by") == log.rfind("was replaced by"));
   CHECK_THAT(log, Catch::Contains("can connect to " + socket.string() + " again"));
 }
 

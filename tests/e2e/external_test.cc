@@ -369,6 +369,20 @@ TEST_CASE("an external service that is the daemon's own socket is refused", "[e2
     CHECK_THAT(text(refused.at("error").at("data").at("detail")), Catch::Contains("own socket"));
   }
   CHECK(resultOf(agent.call("daemon.health")).at("connections") == 1);
+  // The socket file made again after it went is the daemon's own all the same.
+  std::filesystem::remove(daemon->socket());
+  bool remade = false;
+  for (int i = 0; i < 100 && !remade; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    remade = std::filesystem::is_socket(daemon->socket()) &&
+             daemon->log().find("made it again") != std::string::npos;
+  }
+  REQUIRE(remade);
+  auto refused = callTool(agent, "self", json::object{{"x", 2}});
+  INFO(refused);
+  CHECK_THAT(text(refused.at("error").at("data").at("detail")),
+             Catch::Contains("is this daemon's own socket"));
+  CHECK(daemon->log().find("a connection from this daemon's own process") == std::string::npos);
 }
 
 TEST_CASE("external service over https: the same checks, a prompt, a stored deny",

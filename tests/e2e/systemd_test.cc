@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -427,18 +428,64 @@ TEST_CASE("socket activation: systemd's socket file removed is reported, never m
   fs::remove(socket);
   json::object check;
   int id = 2;
-  REQUIRE(eventually([&] {
-    check = client.call("daemon.health", nullptr, id++)
-                .at("result")
-                .at("checks")
-                .at("socket")
-                .as_object();
-    return check.at("ok") == false;
-  }));
+  // Until the socket check's detail says `words`.
+  auto checkSays = [&](const std::string& words) {
+    return eventually([&] {
+      check = client.call("daemon.health", nullptr, id++)
+                  .at("result")
+                  .at("checks")
+                  .at("socket")
+                  .as_object();
+      const auto* detail = check.if_contains("detail");
+      return detail != nullptr && detail->as_string().find(words) != json::string::npos;
+    });
+  };
+  REQUIRE(checkSays("is gone"));
+  CHECK(check.at("ok") == false);
   CHECK_THAT(std::string(check.at("detail").as_string()),
              Catch::Contains("is gone") && Catch::Contains("restart toolhost.socket"));
   CHECK_FALSE(fs::exists(socket));
+  // Something else in its place is no cure.
+  std::ofstream(socket) << "not a socket";
+  REQUIRE(checkSays("was replaced"));
+  CHECK(check.at("ok") == false);
   CHECK(client.call("ping", nullptr, id++).contains("result"));
+  CHECK(daemon.stop(SIGTERM) == 0);
+}
+
+TEST_CASE("socket activation: an abstract socket has no file to watch", "[systemd][activation]") {
+  REQUIRE_PROGRAM(activate, "systemd-socket-activate");
+  TempDir dir;
+  const std::string name = "toolhost-test-" + std::to_string(::getpid());
+  Child daemon({activate->string(), "--listen=@" + name, daemonBinary().string(), "--state-dir",
+                (dir.path() / "state").string(), "--log-format", "text"},
+               {}, dir.path() / "log");
+  int fd = -1;
+  REQUIRE(eventually([&] {
+    if (fd >= 0) ::close(fd);
+    fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+    sockaddr_un address{};
+    address.sun_family = AF_UNIX;
+    std::memcpy(address.sun_path + 1, name.data(), name.size());
+    const auto length = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+    return ::connect(fd, reinterpret_cast<const sockaddr*>(&address), length) == 0;
+  }));
+  const std::string request = R"({"jsonrpc":"2.0","id":1,"method":"daemon.health"})"
+                              "\n";
+  std::this_thread::sleep_for(1500ms);  // a check or more
+  REQUIRE(::write(fd, request.data(), request.size()) == static_cast<ssize_t>(request.size()));
+  std::string answer;
+  char buffer[4096];
+  while (answer.find('\n') == std::string::npos) {
+    const ssize_t got = ::read(fd, buffer, sizeof buffer);
+    if (got <= 0) break;
+    answer.append(buffer, static_cast<std::size_t>(got));
+  }
+  ::close(fd);
+  INFO(answer);
+  auto health = json::parse(answer).at("result");
+  CHECK(health.at("checks").at("socket").at("ok") == true);
+  CHECK(health.at("status") == "ok");
   CHECK(daemon.stop(SIGTERM) == 0);
 }
 

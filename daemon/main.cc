@@ -269,6 +269,9 @@ int run(const daemon::Config& config, const daemon::CommandLine& commandLine) {
   // Checks of large arguments against a tool's parameters take up to a second or so: off the
   // I/O threads, where every connection would wait for them.
   daemon::DiskThread argumentChecks;
+  // A lineage definition's first call reads it and compiles its parameters: off the I/O threads,
+  // and off the argument checks, which other calls would wait behind.
+  daemon::DiskThread definitionBuilds;
 
   // Sandboxed JavaScript: V8 workers, retained sandboxes, the watchdog. The pool is destroyed
   // first (its calls end and abort their operations), then the capability host, then the
@@ -320,8 +323,9 @@ int run(const daemon::Config& config, const daemon::CommandLine& commandLine) {
   daemon::MethodTable methods;
   daemon::registerMetaMethods(methods, facts);
   daemon::registerToolMethods(
-      methods, daemon::ToolServices{registry, disk, &sandboxes, &externalTools, &secrets,
-                                    &taskStore, &argumentChecks, &store, &subtasks});
+      methods,
+      daemon::ToolServices{registry, disk, &sandboxes, &externalTools, &secrets, &taskStore,
+                           &argumentChecks, &store, &subtasks, &definitionBuilds});
   daemon::registerPopupMethods(methods, popups);
   daemon::registerSandboxMethods(methods, sandboxes);
   daemon::registerTaskMethods(methods, taskStore, disk, lineageReads);
@@ -375,6 +379,7 @@ int run(const daemon::Config& config, const daemon::CommandLine& commandLine) {
   disk.stop();
   lineageReads.stop();
   argumentChecks.stop();
+  definitionBuilds.stop();
   return 0;
 }
 

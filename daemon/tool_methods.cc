@@ -324,31 +324,33 @@ void registerToolMethods(MethodTable& methods, ToolServices services) {
           if (pin != nullptr && pin->is_string() &&
               (!resolved || (*resolved)->revision != pin->as_string())) {
             const std::string pinned(pin->as_string());
+            // The call by the name it was made with, or by what it is pinned to (or both).
             const auto* revision = params.if_contains("revision");
-            const bool named = revision != nullptr
-                                   ? revision->as_string() == pinned
-                                   : callName != nullptr && name && callName->is_string() &&
-                                         callName->as_string() == *name;
-            if (named) {
-              // The first call of a definition reads it and compiles its parameters: off the I/O
-              // thread, as large arguments are checked (later calls find it made).
-              auto lookup = [&] { return services.tasks->definedTool(pinned); };
-              // (Not a conditional expression: g++ 12 mishandles co_await in one.)
-              registry::Result<std::optional<registry::ToolRevisionPtr>> defined =
-                  registry::RegistryError{RegistryErrc::notFound, ""};
-              if (services.checks != nullptr) {
-                defined = co_await services.checks->run(lookup);
-              } else {
-                defined = lookup();
+            const bool named = (revision == nullptr || revision->as_string() == pinned) &&
+                               (revision != nullptr || name) &&
+                               (!name || (callName != nullptr && callName->is_string() &&
+                                          callName->as_string() == *name));
+            // A registry revision (the binding moved since the call was compiled) is no
+            // definition: the check of the taskId below says so.
+            if (named && !tools.getRevision(pinned)) {
+              auto defined = services.tasks->keptDefinedTool(pinned);
+              if (!defined) {
+                // The first call of a definition reads it and compiles its parameters: off the
+                // I/O thread, on a thread of its own.
+                auto build = [&] { return services.tasks->definedTool(pinned); };
+                if (services.definitions != nullptr) {
+                  defined = co_await services.definitions->run(build);
+                } else {
+                  defined = build();
+                }
               }
-              // Not a task at all: a registry revision the call was pinned to (the check of the
-              // taskId below says so).
-              if (!defined && defined.error().code != RegistryErrc::notFound) {
-                co_return toRpcError(defined.error());
+              const auto& built = *defined;  // what it defines, if it is a definition
+              if (!built && built.error().code != RegistryErrc::notFound) {
+                co_return toRpcError(built.error());
               }
-              if (defined && *defined) {
-                lineageCode = (**defined)->revision == pinned;
-                resolved = **defined;
+              if (built && *built) {
+                lineageCode = (**built)->revision == pinned;
+                resolved = **built;
                 pinnedAs = pinned;
               }
             }

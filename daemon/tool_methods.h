@@ -27,6 +27,7 @@ struct ToolServices {
   DiskThread* checks = nullptr;          // large arguments are validated there (null: inline)
   const store::Store* store = nullptr;   // null: store.verify does not check the pages
   SubtaskLedger* subtasks = nullptr;     // null: tools.call answers no `subtasks`
+  DiskThread* definitions = nullptr;  // lineage definitions are first compiled there (null: inline)
 };
 
 void registerToolMethods(MethodTable& methods, ToolServices services);

@@ -88,19 +88,6 @@ RegistryError invalid(std::string detail) {
   return RegistryError{RegistryErrc::invalidDefinition, std::move(detail)};
 }
 
-bool validModuleName(std::string_view name) {
-  if (name.empty() || name.size() > 128 || name.front() == '/' || name.front() == '.') return false;
-  if (name.find("..") != std::string_view::npos || name.find("//") != std::string_view::npos) {
-    return false;
-  }
-  for (char c : name) {
-    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-              c == '-' || c == '_' || c == '.' || c == '/';
-    if (!ok) return false;
-  }
-  return name.ends_with(".js") || name.ends_with(".mjs");
-}
-
 bool validSecretName(std::string_view name) {
   if (name.empty() || name.size() > 64) return false;
   if (!((name[0] >= 'a' && name[0] <= 'z') || (name[0] >= 'A' && name[0] <= 'Z'))) return false;
@@ -125,6 +112,19 @@ bool validEndpoint(std::string_view endpoint) {
 }
 
 }  // namespace
+
+bool validModuleName(std::string_view name) {
+  if (name.empty() || name.size() > 128 || name.front() == '/' || name.front() == '.') return false;
+  if (name.find("..") != std::string_view::npos || name.find("//") != std::string_view::npos) {
+    return false;
+  }
+  for (char c : name) {
+    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '-' || c == '_' || c == '.' || c == '/';
+    if (!ok) return false;
+  }
+  return name.ends_with(".js") || name.ends_with(".mjs");
+}
 
 const json::value& Registry::manifestSchema() {
   static const json::value schema = json::parse(kManifestSchema);
@@ -182,9 +182,9 @@ Result<std::string> validateManifest(const json::object& manifest, const Registr
         }
         for (const auto& [moduleName, source] : modules->as_object()) {
           if (!validModuleName(moduleName)) {
-            return invalid("manifest/execution/modules: \"" + std::string(moduleName).substr(0, 80) +
-                           "\" is not a module name; use a relative path of letters, digits, "
-                           "'-', '_', '.', '/' ending in .js or .mjs, without '..'");
+            return invalid("manifest/execution/modules: \"" +
+                           std::string(moduleName).substr(0, 80) + "\" is not a module name; " +
+                           std::string(kModuleNameRule));
           }
           total += source.as_string().size();
         }

@@ -29,4 +29,12 @@ boost::json::object describeChanges(const boost::json::object& from, const boost
 // path, query, fragment or credentials, IPv4 as a dotted quad, IPv6 as RFC 5952 writes it.
 bool isCanonicalHttpsOrigin(std::string_view text);
 
+// A module name a tool may have (manifest execution.modules, a lineage definition's modules): a
+// relative path of letters, digits, '-', '_', '.', '/', at most 128 bytes, ending in .js or .mjs,
+// without '..' or '//'.
+bool validModuleName(std::string_view name);
+inline constexpr std::string_view kModuleNameRule =
+    "use a relative path of letters, digits, '-', '_', '.', '/' ending in .js or .mjs, without "
+    "'..'";
+
 }  // namespace toolhost::registry

@@ -1,5 +1,7 @@
 #include "registry/tasks.h"
 
+#include "registry/manifest.h"
+
 #include "protocol/content_hash.h"
 #include "protocol/json_parse.h"
 #include "protocol/json_text.h"
@@ -215,9 +217,12 @@ std::optional<RegistryError> checkDefinition(const json::object& task, const std
                        " modules; the limit is " + std::to_string(limits.maxModules));
       }
       for (const auto& [moduleName, moduleSource] : modules->get_object()) {
-        if (moduleName.empty() || !moduleSource.is_string()) {
-          return invalid(implAt +
-                         ".modules: each module needs a non-empty name and a string source");
+        if (!moduleSource.is_string()) {
+          return invalid(implAt + ".modules: each module needs a string source");
+        }
+        if (!validModuleName(moduleName)) {
+          return invalid(implAt + ".modules: \"" + std::string(moduleName).substr(0, 80) +
+                         "\" is not a module name; " + std::string(kModuleNameRule));
         }
       }
     }
@@ -947,23 +952,26 @@ Result<std::vector<std::string>> TaskStore::verifyAll() {
                 store_);
 }
 
-Result<std::optional<ToolRevisionPtr>> TaskStore::definedTool(const std::string& definitionId) {
-  using Found = std::optional<ToolRevisionPtr>;
-  auto bound = [&](const std::string& target) -> Result<Found> {
-    auto tool = registry_.getRevision(target);
-    if (!tool) return tool.error();
-    return Found(*tool);
-  };
+std::optional<Result<std::optional<ToolRevisionPtr>>> TaskStore::keptDefinedTool(
+    const std::string& definitionId) {
+  std::string target;
   {
     std::lock_guard lock(definedMutex_);
-    for (auto it = defined_.begin(); it != defined_.end(); ++it) {
-      if (it->id != definitionId) continue;
-      defined_.splice(defined_.begin(), defined_, it);
-      if (it->code) return Found(it->code);
-      const std::string target = it->bindingTarget;
-      return bound(target);
-    }
+    auto it = std::find_if(defined_.begin(), defined_.end(),
+                           [&](const Defined& entry) { return entry.id == definitionId; });
+    if (it == defined_.end()) return std::nullopt;
+    defined_.splice(defined_.begin(), defined_, it);
+    if (it->code) return Result<std::optional<ToolRevisionPtr>>(std::optional(it->code));
+    target = it->bindingTarget;
   }
+  auto tool = registry_.getRevision(target);
+  if (!tool) return Result<std::optional<ToolRevisionPtr>>(tool.error());
+  return Result<std::optional<ToolRevisionPtr>>(std::optional(*tool));
+}
+
+Result<std::optional<ToolRevisionPtr>> TaskStore::definedTool(const std::string& definitionId) {
+  if (auto kept = keptDefinedTool(definitionId)) return std::move(*kept);
+  using Found = std::optional<ToolRevisionPtr>;
   auto task = get(definitionId);
   if (!task) return task.error();
   if (stringMember(*task, "kind") != task_kind::kToolDefinition) return Found();
@@ -972,7 +980,7 @@ Result<std::optional<ToolRevisionPtr>> TaskStore::definedTool(const std::string&
   Defined made{definitionId, nullptr, "", 0};
   if (stringMember(implementation, "type") == "binding") {
     made.bindingTarget = stringAt(implementation, "targetRevision");
-    made.bytes = made.bindingTarget.size() + definitionId.size();
+    made.cost = made.bindingTarget.size() + definitionId.size();
   } else {
     json::object execution{{"class", "sandboxed-code"},
                            {"runtime", "javascript"},
@@ -991,28 +999,32 @@ Result<std::optional<ToolRevisionPtr>> TaskStore::definedTool(const std::string&
                                         "the parameters of definition " + definitionId);
     if (!parameters) return parameters.error();
     tool->parameters = std::move(*parameters);
-    made.bytes = protocol::writeJson(tool->manifest).size();
+    // The text, and what the compiled schema holds: about a kibibyte for each of its values
+    // (copies of the document and valijson's nodes).
+    made.cost = protocol::writeJson(tool->manifest).size() +
+                tool->parameters.expandedValues() * kDefinedCostPerSchemaValue;
     made.code = std::move(tool);
   }
-  Defined kept = made;
-  {
+  const std::string target = made.bindingTarget;
+  ToolRevisionPtr code = made.code;
+  if (made.cost <= kMaxDefinedCost / 4) {
     std::lock_guard lock(definedMutex_);
     std::erase_if(defined_, [&](const Defined& entry) {
       if (entry.id != definitionId) return false;
-      definedBytes_ -= entry.bytes;
+      definedCost_ -= entry.cost;
       return true;
     });
-    if (made.bytes <= kMaxDefinedBytes) {
-      definedBytes_ += made.bytes;
-      defined_.push_front(std::move(made));
-      while (defined_.size() > kMaxDefinedTools || definedBytes_ > kMaxDefinedBytes) {
-        definedBytes_ -= defined_.back().bytes;
-        defined_.pop_back();
-      }
+    definedCost_ += made.cost;
+    defined_.push_front(std::move(made));
+    while (defined_.size() > kMaxDefinedTools || definedCost_ > kMaxDefinedCost) {
+      definedCost_ -= defined_.back().cost;
+      defined_.pop_back();
     }
   }
-  if (kept.code) return Found(std::move(kept.code));
-  return bound(kept.bindingTarget);
+  if (code) return Found(std::move(code));
+  auto bound = registry_.getRevision(target);
+  if (!bound) return bound.error();
+  return Found(*bound);
 }
 
 Result<json::object> TaskStore::get(const std::string& id) {

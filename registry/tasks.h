@@ -126,12 +126,18 @@ class TaskStore {
   // the registry revision it pins; for code, a sandboxed-code revision made from the definition
   // (its revision is the definition's id, its name the definition's; no capabilities, since a
   // definition requests none; the daemon's default limits). nullopt when `definitionId` is a
-  // stored task but no tooldefinition. Tasks never change, so what it made is kept (at most
-  // kMaxDefinedTools of them, kMaxDefinedBytes of definition text, least recently used out):
-  // a call of a kept one neither reads the task nor compiles its parameters again.
+  // stored task but no tooldefinition. Reads the task and compiles its parameters: slow for
+  // large ones. Tasks never change, so what it made is kept: at most kMaxDefinedTools, costing at
+  // most kMaxDefinedCost together (the text, and kDefinedCostPerSchemaValue for each value of
+  // the compiled parameters), least recently used out; one costing more than a quarter of that
+  // is not kept.
   static constexpr std::size_t kMaxDefinedTools = 64;
-  static constexpr std::size_t kMaxDefinedBytes = 16 << 20;
+  static constexpr std::size_t kMaxDefinedCost = 32 << 20;
+  static constexpr std::size_t kDefinedCostPerSchemaValue = 2048;
   Result<std::optional<ToolRevisionPtr>> definedTool(const std::string& definitionId);
+  // What definedTool() made and kept, if it did: no task read, no compile. Fast.
+  std::optional<Result<std::optional<ToolRevisionPtr>>> keptDefinedTool(
+      const std::string& definitionId);
 
   // The task and its ancestors through parentId, root first.
   Result<boost::json::array> lineage(const std::string& id);
@@ -159,11 +165,11 @@ class TaskStore {
     std::string id;
     ToolRevisionPtr code;       // a code definition's tool
     std::string bindingTarget;  // a binding's registry revision
-    std::size_t bytes = 0;
+    std::size_t cost = 0;
   };
   std::mutex definedMutex_;
   std::list<Defined> defined_;    // under definedMutex_
-  std::size_t definedBytes_ = 0;  // under definedMutex_
+  std::size_t definedCost_ = 0;   // under definedMutex_
 };
 
 // The id of a task: the content hash (toolhost.task.v1) of the task without its "id" member.

@@ -91,6 +91,7 @@ boost::system::result<EffectiveLimits, std::string> effectiveLimits(const json::
     if (*asked > out.*field.effective) {
       return std::string("limits.") + field.name + ": " + std::to_string(*asked) +
              " is looser than the tool's " + std::to_string(out.*field.effective) +
+             capNote(manifest, field.name, {}, config) +
              "; a call may only tighten a tool's limits";
     }
     out.*field.effective = *asked;
@@ -106,9 +107,18 @@ std::string capNote(const json::object& manifest, std::string_view field, const 
     const auto asked = (request.*entry.request);
     if (asked && *asked <= cap) return {};  // the caller's own limit
     auto fromManifest = manifestLimit(manifest, entry.name);
-    if (!fromManifest || !*fromManifest || **fromManifest <= cap) return {};
-    return "; the tool's manifest asks for " + std::to_string(**fromManifest) +
-           ", which the daemon's [runtime] " + entry.capKey + " caps at " + std::to_string(cap);
+    if (!fromManifest) return {};
+    const std::string capped = ", which the daemon's [runtime] " + std::string(entry.capKey) +
+                               " caps at " + std::to_string(cap);
+    if (*fromManifest) {
+      if (**fromManifest <= cap) return {};
+      return "; the tool's manifest asks for " + std::to_string(**fromManifest) + capped;
+    }
+    // The manifest says nothing: the default, which the config may leave at the built-in one.
+    const std::int64_t fallback = configured(config.defaults, kBuiltIn.defaults, entry);
+    if (fallback <= cap) return {};
+    return "; the tool's manifest sets no " + std::string(entry.name) + ", and the default is " +
+           std::to_string(fallback) + capped;
   }
   return {};
 }

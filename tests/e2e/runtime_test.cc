@@ -181,6 +181,19 @@ TEST_CASE("a limit error says when the daemon's cap, not the manifest, set the l
   CHECK_THAT(std::string(capped.at("error").at("data").at("detail").as_string()),
              Catch::Contains("the tool's manifest asks for 1000000, which the daemon's [runtime] "
                              "max_output_bytes caps at 1000"));
+  // A manifest that sets none runs at the default, which the cap may cut too.
+  deploy(client, jsTool("plain", "export default async () => 'x'.repeat(5000)"));
+  auto plain = call(client, "plain");
+  CHECK(errorCode(plain) == -32007);
+  CHECK_THAT(std::string(plain.at("error").at("data").at("detail").as_string()),
+             Catch::Contains("the tool's manifest sets no outputBytes, and the default is 2097152, "
+                             "which the daemon's [runtime] max_output_bytes caps at 1000"));
+  // A call asking for more than the cap is told why the tool's limit is what it is.
+  auto looser =
+      call(client, "chatty", {}, json::object{{"limits", json::object{{"outputBytes", 5000}}}});
+  CHECK(errorKind(looser) == "invalid-limits");
+  CHECK_THAT(std::string(looser.at("error").at("data").at("detail").as_string()),
+             Catch::Contains("looser than the tool's 1000; the tool's manifest asks for 1000000"));
   // The caller's own limit, or the manifest's own, is no cap's doing.
   for (const auto& response :
        {call(client, "chatty", {}, json::object{{"limits", json::object{{"outputBytes", 900}}}}),

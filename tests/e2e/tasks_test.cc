@@ -863,7 +863,7 @@ TEST_CASE("tasks: a function call pinned to a definition of its lineage runs wha
   for (const auto& sandbox : resultOf(client.call("sandboxes.list")).at("sandboxes").as_array()) {
     CHECK(sandbox.at("revision") != json::value(adderDefinition));
   }
-  // Its parameters hold; without the task the name is the registry's tool.
+  // Other arguments than recorded are refused; without the task the name is the registry's tool.
   auto invalid = client.call("tools.call", json::object{{"name", "adder"},
                                                         {"arguments", json::object{{"a", "x"}}},
                                                         {"taskId", idOf(chain[3])}});
@@ -878,6 +878,22 @@ TEST_CASE("tasks: a function call pinned to a definition of its lineage runs wha
                                                           {"arguments", json::object{{"a", 41}}},
                                                           {"taskId", idOf(chain[3])}});
   CHECK(errorCode(otherName) == -32602);
+
+  // By revision and name, the name must be the one the call was made with.
+  auto misnamed = client.call("tools.call", json::object{{"revision", adderDefinition},
+                                                         {"name", "gamma"},
+                                                         {"arguments", json::object{{"a", 41}}},
+                                                         {"taskId", idOf(chain[3])}});
+  CHECK(errorKind(misnamed) == "not-found");
+  // Module names follow the manifest's rules.
+  auto badModules = definition("badmodules");
+  badModules["definition"].as_object()["implementation"] =
+      json::object{{"type", "code"},
+                   {"source", "export default async () => 1"},
+                   {"modules", json::object{{"../etc.js", "export default 1"}}}};
+  auto refused = client.call("tasks.compile", compileParams(json::array{badModules}));
+  CHECK(errorKind(refused) == "invalid-definition");
+  CHECK_THAT(errorDetail(refused), Catch::Contains("is not a module name"));
 
   // A binding: the registry revision it pins.
   auto bound =

@@ -247,11 +247,12 @@ void ExternalTools::addOwnSocket(const std::filesystem::path& socket) {
   struct stat own {};
   if (::stat(socket.c_str(), &own) != 0) return;
   std::lock_guard lock(ownMutex_);
-  // The daemon listens on the first socket and the one made last: older ones are closed, but
-  // their numbers may come back for other files; a few are kept all the same.
-  constexpr std::size_t kKept = 8;
-  if (ownSockets_.size() >= kKept) ownSockets_.erase(ownSockets_.begin() + 1);
   ownSockets_.emplace_back(own.st_dev, own.st_ino);
+}
+
+void ExternalTools::setOwnSockets(std::vector<std::pair<dev_t, ino_t>> files) {
+  std::lock_guard lock(ownMutex_);
+  ownSockets_ = std::move(files);
 }
 
 bool ExternalTools::isOwnSocket(const std::filesystem::path& path) const {

@@ -30,10 +30,12 @@ class ExternalTools {
  public:
   explicit ExternalTools(MediationServices services) : services_(services) {}
 
-  // One of the daemon's own listening sockets (the first, and each made again after its file
-  // went): an endpoint that is one (by path, symlink or hard link) is refused, or each call
-  // would call itself again, as admin, until descriptors ran out. Any thread.
+  // The daemon's own listening socket (and those made again after its file went:
+  // setOwnSockets): an endpoint that is one (by path, symlink or hard link) is refused, or each
+  // call would call itself again, as admin, until descriptors ran out. Any thread.
   void addOwnSocket(const std::filesystem::path& socket);
+  // The files (device, inode) of the daemon's listening sockets, replacing what was known.
+  void setOwnSockets(std::vector<std::pair<dev_t, ino_t>> files);
 
   // Forwards one call of `tool` (an external-service revision; arguments already validated).
   // The tool's limits are the manifest's wallMs (else [fetch] timeout_ms) and outputBytes (else
@@ -50,7 +52,7 @@ class ExternalTools {
   bool isOwnSocket(const std::filesystem::path& path) const;
 
   mutable std::mutex ownMutex_;
-  std::vector<std::pair<dev_t, ino_t>> ownSockets_;  // under ownMutex_; the last few
+  std::vector<std::pair<dev_t, ino_t>> ownSockets_;  // under ownMutex_
 };
 
 }  // namespace toolhost::daemon

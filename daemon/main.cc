@@ -355,8 +355,9 @@ int run(const daemon::Config& config, const daemon::CommandLine& commandLine) {
     return 1;
   }
   externalTools.addOwnSocket(server.socketPath());
-  server.onSocketMade(
-      [&externalTools](const std::filesystem::path& made) { externalTools.addOwnSocket(made); });
+  server.onSocketsChanged([&externalTools](daemon::Server::FileIds files) {
+    externalTools.setOwnSockets(std::move(files));
+  });
 
   lifecycle.start();
   server.start();

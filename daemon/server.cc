@@ -16,6 +16,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -166,7 +167,12 @@ boost::system::result<int, ServerError> Server::bindSocket(bool atStart) {
     }
   }
   struct stat created {};
-  ::stat(path.c_str(), &created);
+  if (::stat(path.c_str(), &created) != 0) {
+    const int error = errno;
+    ::close(fd);
+    return ServerError{"cannot inspect the socket file just made at " + path.string() + ": " +
+                       errnoText(error)};
+  }
   socketDevice_ = created.st_dev;
   socketInode_ = created.st_ino;
   ownsSocketFile_ = true;
@@ -185,28 +191,28 @@ boost::system::result<void, ServerError> Server::adopt(int listeningFd, fs::path
   boost::system::error_code ec;
   acceptor->assign(stream_protocol(), listeningFd, ec);
   if (ec) return ServerError{"cannot use the listening socket: " + ec.message()};
-  acceptor_ = std::move(acceptor);
   socketPath_ = std::move(path);
   // What the watch compares the path with: the file made here, or the one systemd made (an
-  // abstract socket, "@name", has none).
-  watched_ = madeSocket_;
-  if (!madeSocket_ && !socketPath_.native().starts_with("@")) {
+  // abstract socket, "@name", has none). A file already gone when systemd's socket is taken is
+  // reported as gone.
+  watched_ = madeSocket_ || !socketPath_.native().starts_with("@");
+  if (!madeSocket_ && watched_) {
     struct stat passed {};
     if (::lstat(socketPath_.c_str(), &passed) == 0 && S_ISSOCK(passed.st_mode)) {
       socketDevice_ = passed.st_dev;
       socketInode_ = passed.st_ino;
-      watched_ = true;
     }
   }
+  listeners_.assign(1, Listener{std::move(acceptor), socketDevice_, socketInode_});
   return {};
 }
 
-void Server::onSocketMade(std::function<void(const fs::path&)> listener) {
-  onSocketMade_ = std::move(listener);
+void Server::onSocketsChanged(std::function<void(FileIds)> listener) {
+  onSocketsChanged_ = std::move(listener);
 }
 
 void Server::start() {
-  spawnAcceptLoop(acceptor_);
+  spawnAcceptLoop(listeners_.front().acceptor);
   asio::co_spawn(acceptStrand_, watchSocket(),
                  [](std::exception_ptr e) { logIfThrew("socket watch", e); });
 }
@@ -246,8 +252,11 @@ std::optional<std::string> Server::checkSocket() {
   struct stat current {};
   const bool present = ::lstat(socketPath_.c_str(), &current) == 0;
   const int error = present ? 0 : errno;
-  if (present && current.st_dev == socketDevice_ && current.st_ino == socketInode_) {
-    return std::nullopt;
+  if (present && std::any_of(listeners_.begin(), listeners_.end(), [&](const Listener& listener) {
+        return listener.inode != 0 && current.st_dev == listener.device &&
+               current.st_ino == listener.inode;
+      })) {
+    return std::nullopt;  // a file of a socket listening (one made here, or linked back)
   }
   if (present) {
     // Something else took the path: never ours to remove, nor to connect to.
@@ -267,8 +276,8 @@ std::optional<std::string> Server::checkSocket() {
            "toolhost.service to make it again";
   }
   // Gone (a cleaner of /tmp or /run, a mistaken rm): a new one, made as at start. The sockets
-  // listening so far stay open (a hard link or a bind mount may still lead clients to them):
-  // the first one, and the one made last.
+  // listening so far stay open (a hard link or a bind mount may still lead clients to them),
+  // up to kMaxListeners: the first one, and those made last.
   ownsSocketFile_ = false;
   auto fd = bindSocket(false);
   if (!fd) {
@@ -285,14 +294,21 @@ std::optional<std::string> Server::checkSocket() {
     return "the socket file " + socketPath_.string() +
            " is gone and cannot be made again: " + assigned.message();
   }
-  if (remade_) {
+  if (listeners_.size() >= kMaxListeners) {
     boost::system::error_code ignored;
-    remade_->close(ignored);  // its accept loop ends
+    listeners_[1].acceptor->close(ignored);  // its accept loop ends
+    listeners_.erase(listeners_.begin() + 1);
   }
-  remade_ = acceptor;
+  listeners_.push_back(Listener{acceptor, socketDevice_, socketInode_});
   spawnAcceptLoop(std::move(acceptor));
+  if (onSocketsChanged_) {
+    FileIds files;
+    for (const auto& listener : listeners_) {
+      if (listener.inode != 0) files.emplace_back(listener.device, listener.inode);
+    }
+    onSocketsChanged_(std::move(files));
+  }
   spdlog::warn("the socket file {} was gone; made it again", socketPath_.string());
-  if (onSocketMade_) onSocketMade_(socketPath_);
   return std::nullopt;
 }
 
@@ -439,8 +455,7 @@ asio::awaitable<void> Server::shutdown(std::chrono::milliseconds grace) {
     stopping_ = true;
     socketWatch_.cancel();
     boost::system::error_code ignored;
-    if (acceptor_) acceptor_->close(ignored);
-    if (remade_) remade_->close(ignored);
+    for (auto& listener : listeners_) listener.acceptor->close(ignored);
     unlinkSocket();
   });
   // Popup hosts and approvers stay until the others have ended: calls there may wait on them.

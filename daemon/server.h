@@ -24,6 +24,8 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace toolhost::daemon {
 
@@ -45,13 +47,17 @@ class Server {
   boost::system::result<void, ServerError> adopt(int listeningFd, std::filesystem::path path);
   // Starts accepting, and a check every kSocketCheckInterval that the socket file is still
   // there: one removed (a cleaner of /tmp or /run, a mistaken rm) is made again as at start,
-  // beside the sockets listening so far (the first and the last made stay open: a hard link or
-  // a bind mount may lead to them); a path taken by something else is left alone (never
-  // connected to) and reported. systemd's socket is only reported.
+  // beside the sockets listening so far (a hard link or a bind mount may lead to them; the first
+  // and the kMaxListeners - 1 made last stay open); a path taken by something else is left alone
+  // (never connected to) and reported. systemd's socket is only reported.
   void start();
   static constexpr std::chrono::milliseconds kSocketCheckInterval{1000};
-  // Runs on the accept strand each time the socket file was made again. Set before start().
-  void onSocketMade(std::function<void(const std::filesystem::path&)> listener);
+  // Runs on the accept strand each time the socket file was made again, with the device and
+  // inode of the file of each socket listening now. Set before start().
+  using FileIds = std::vector<std::pair<dev_t, ino_t>>;
+  void onSocketsChanged(std::function<void(FileIds)> listener);
+  // At most this many sockets listen: the first, and the ones made last.
+  static constexpr std::size_t kMaxListeners = 8;
   // Why new clients cannot reach this daemon through its socket file, as of the last check;
   // nothing while they can. Any thread.
   std::optional<std::string> socketProblem() const;
@@ -90,12 +96,18 @@ class Server {
   std::filesystem::path socketPath_;
   Dispatcher& dispatcher_;
   boost::asio::strand<boost::asio::io_context::executor_type> acceptStrand_;
-  std::shared_ptr<Acceptor> acceptor_;     // the socket listening from the start
-  std::shared_ptr<Acceptor> remade_;       // accept strand: the one made last, if the file went
+  // The sockets listening: the first (from listen() or systemd), then those made since, oldest
+  // first, each with its file's device and inode (0 when unknown). Accept strand once started.
+  struct Listener {
+    std::shared_ptr<Acceptor> acceptor;
+    dev_t device = 0;
+    ino_t inode = 0;
+  };
+  std::vector<Listener> listeners_;
   boost::asio::steady_timer socketWatch_;  // accept strand
   bool stopping_ = false;                  // accept strand
   bool watched_ = false;  // the path has a file to compare (not an abstract socket)
-  std::function<void(const std::filesystem::path&)> onSocketMade_;
+  std::function<void(FileIds)> onSocketsChanged_;
   bool ownsSocketFile_ = false;
   bool madeSocket_ = false;  // by listen(), not adopted from systemd
   dev_t socketDevice_ = 0;

@@ -326,10 +326,17 @@ void registerToolMethods(MethodTable& methods, ToolServices services) {
             const std::string pinned(pin->as_string());
             // The call by the name it was made with, or by what it is pinned to (or both).
             const auto* revision = params.if_contains("revision");
+            const bool sameName = !name || (callName != nullptr && callName->is_string() &&
+                                            callName->as_string() == *name);
+            if (revision != nullptr && revision->as_string() == pinned && !sameName) {
+              co_return invalidParams("params.name: the function call " +
+                                      std::string(taskParam->as_string()) + " was made with " +
+                                      (callName != nullptr && callName->is_string()
+                                           ? "the name " + std::string(callName->as_string())
+                                           : std::string("no name")));
+            }
             const bool named = (revision == nullptr || revision->as_string() == pinned) &&
-                               (revision != nullptr || name) &&
-                               (!name || (callName != nullptr && callName->is_string() &&
-                                          callName->as_string() == *name));
+                               (revision != nullptr || name) && sameName;
             // A registry revision (the binding moved since the call was compiled) is no
             // definition: the check of the taskId below says so.
             if (named && !tools.getRevision(pinned)) {

@@ -193,8 +193,14 @@ std::optional<RegistryError> checkDefinition(const json::object& task, const std
   }
   const auto* parameters = definition.if_contains("parameters");
   if (parameters == nullptr) return invalid(at + ".parameters: required, a JSON Schema object");
-  if (auto compiled = compileToolSchema(*parameters, at + ".parameters"); !compiled) {
-    return compiled.error();
+  auto compiled = compileToolSchema(*parameters, at + ".parameters");
+  if (!compiled) return compiled.error();
+  // What running it holds (TaskStore::definedTool) grows with its values.
+  if (compiled->expandedValues() > TaskStore::kMaxDefinitionSchemaValues) {
+    return invalid(at + ".parameters: " + std::to_string(compiled->expandedValues()) +
+                   " values with its references written out; a lineage definition's parameters "
+                   "may have at most " +
+                   std::to_string(TaskStore::kMaxDefinitionSchemaValues));
   }
   const std::string implAt = at + ".implementation";
   const auto* implValue = definition.if_contains("implementation");
@@ -999,15 +1005,16 @@ Result<std::optional<ToolRevisionPtr>> TaskStore::definedTool(const std::string&
                                         "the parameters of definition " + definitionId);
     if (!parameters) return parameters.error();
     tool->parameters = std::move(*parameters);
-    // The text, and what the compiled schema holds: about a kibibyte for each of its values
-    // (copies of the document and valijson's nodes).
+    // The text, and what the compiled schema holds: copies of its document (a long string in
+    // it is held about six times) and about a kibibyte of valijson's for each of its values.
     made.cost = protocol::writeJson(tool->manifest).size() +
+                protocol::writeJson(definition.at("parameters")).size() * 8 +
                 tool->parameters.expandedValues() * kDefinedCostPerSchemaValue;
     made.code = std::move(tool);
   }
   const std::string target = made.bindingTarget;
   ToolRevisionPtr code = made.code;
-  if (made.cost <= kMaxDefinedCost / 4) {
+  if (made.cost <= kMaxDefinedCost / 2) {
     std::lock_guard lock(definedMutex_);
     std::erase_if(defined_, [&](const Defined& entry) {
       if (entry.id != definitionId) return false;

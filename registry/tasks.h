@@ -128,12 +128,14 @@ class TaskStore {
   // definition requests none; the daemon's default limits). nullopt when `definitionId` is a
   // stored task but no tooldefinition. Reads the task and compiles its parameters: slow for
   // large ones. Tasks never change, so what it made is kept: at most kMaxDefinedTools, costing at
-  // most kMaxDefinedCost together (the text, and kDefinedCostPerSchemaValue for each value of
-  // the compiled parameters), least recently used out; one costing more than a quarter of that
-  // is not kept.
+  // most kMaxDefinedCost together (the text, the parameters' text eight times, and
+  // kDefinedCostPerSchemaValue for each value of the compiled parameters), least recently used
+  // out; one costing more than half of that is not kept (a definition compile() accepts never
+  // does: a task is at most 1 MiB, its parameters at most kMaxDefinitionSchemaValues values).
   static constexpr std::size_t kMaxDefinedTools = 64;
   static constexpr std::size_t kMaxDefinedCost = 32 << 20;
   static constexpr std::size_t kDefinedCostPerSchemaValue = 2048;
+  static constexpr std::size_t kMaxDefinitionSchemaValues = 2000;
   Result<std::optional<ToolRevisionPtr>> definedTool(const std::string& definitionId);
   // What definedTool() made and kept, if it did: no task read, no compile. Fast.
   std::optional<Result<std::optional<ToolRevisionPtr>>> keptDefinedTool(

@@ -291,6 +291,15 @@ TEST_CASE("a socket file removed while the daemon runs is made again", "[e2e][da
     fs::remove(socket);
     linked = true;
   }
+  SECTION("the file made again, with a hard link to that one left") {
+    fs::remove(socket);
+    for (int i = 0; i < 100 && !pings(socket); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    fs::create_hard_link(socket, dir.path() / "link");
+    fs::remove(socket);
+    linked = true;
+  }
   // Within the check's interval, new clients get in again, and the kept connection still works.
   bool connected = false;
   for (int i = 0; i < 100 && !connected; ++i) {

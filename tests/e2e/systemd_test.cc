@@ -414,14 +414,32 @@ TEST_CASE(
   CHECK(isSocket(socket));
 }
 
+namespace {
+
+// toolhostd under systemd-socket-activate, listening on `socket`; started by the first client.
+Child activatedDaemon(const fs::path& activate, const fs::path& socket, const TempDir& dir) {
+  return Child({activate.string(), "--listen=" + socket.string(), daemonBinary().string(),
+                "--state-dir", (dir.path() / "state").string(), "--log-format", "text"},
+               {}, dir.path() / "log");
+}
+
+// daemon.health's socket check, asked with request id `id` (then the next one).
+json::object socketCheck(RawClient& client, int& id) {
+  return client.call("daemon.health", nullptr, id++)
+      .at("result")
+      .at("checks")
+      .at("socket")
+      .as_object();
+}
+
+}  // namespace
+
 TEST_CASE("socket activation: systemd's socket file removed is reported, never made again",
           "[systemd][activation]") {
   REQUIRE_PROGRAM(activate, "systemd-socket-activate");
   TempDir dir;
   auto socket = dir.path() / "s";
-  Child daemon({activate->string(), "--listen=" + socket.string(), daemonBinary().string(),
-                "--state-dir", (dir.path() / "state").string(), "--log-format", "text"},
-               {}, dir.path() / "log");
+  Child daemon = activatedDaemon(*activate, socket, dir);
   REQUIRE(eventually([&] { return isListening(socket); }));
   RawClient client(socket);
   CHECK(client.call("ping").contains("result"));
@@ -431,11 +449,7 @@ TEST_CASE("socket activation: systemd's socket file removed is reported, never m
   // Until the socket check's detail says `words`.
   auto checkSays = [&](const std::string& words) {
     return eventually([&] {
-      check = client.call("daemon.health", nullptr, id++)
-                  .at("result")
-                  .at("checks")
-                  .at("socket")
-                  .as_object();
+      check = socketCheck(client, id);
       const auto* detail = check.if_contains("detail");
       return detail != nullptr && detail->as_string().find(words) != json::string::npos;
     });
@@ -450,6 +464,27 @@ TEST_CASE("socket activation: systemd's socket file removed is reported, never m
   REQUIRE(checkSays("was replaced"));
   CHECK(check.at("ok") == false);
   CHECK(client.call("ping", nullptr, id++).contains("result"));
+  CHECK(daemon.stop(SIGTERM) == 0);
+}
+
+TEST_CASE("socket activation: systemd's socket file gone before the daemon started is reported",
+          "[systemd][activation]") {
+  REQUIRE_PROGRAM(activate, "systemd-socket-activate");
+  TempDir dir;
+  auto socket = dir.path() / "s";
+  Child daemon = activatedDaemon(*activate, socket, dir);
+  REQUIRE(eventually([&] { return isListening(socket); }));
+  // Reached through a link: the first connection starts the daemon with the file already gone.
+  fs::create_hard_link(socket, dir.path() / "link");
+  fs::remove(socket);
+  RawClient client(dir.path() / "link");
+  int id = 1;
+  json::object check;
+  REQUIRE(eventually([&] {
+    check = socketCheck(client, id);
+    return check.at("ok") == false;
+  }));
+  CHECK_THAT(std::string(check.at("detail").as_string()), Catch::Contains("is gone"));
   CHECK(daemon.stop(SIGTERM) == 0);
 }
 
@@ -472,18 +507,23 @@ TEST_CASE("socket activation: an abstract socket has no file to watch", "[system
   }));
   const std::string request = R"({"jsonrpc":"2.0","id":1,"method":"daemon.health"})"
                               "\n";
-  std::this_thread::sleep_for(1500ms);  // a check or more
-  REQUIRE(::write(fd, request.data(), request.size()) == static_cast<ssize_t>(request.size()));
-  std::string answer;
-  char buffer[4096];
-  while (answer.find('\n') == std::string::npos) {
-    const ssize_t got = ::read(fd, buffer, sizeof buffer);
-    if (got <= 0) break;
-    answer.append(buffer, static_cast<std::size_t>(got));
+  json::value health;
+  // Until the daemon has run long enough for a check or more.
+  for (int i = 0; i < 100; ++i) {
+    REQUIRE(::write(fd, request.data(), request.size()) == static_cast<ssize_t>(request.size()));
+    std::string answer;
+    char buffer[4096];
+    while (answer.find('\n') == std::string::npos) {
+      const ssize_t got = ::read(fd, buffer, sizeof buffer);
+      if (got <= 0) break;
+      answer.append(buffer, static_cast<std::size_t>(got));
+    }
+    INFO(answer);
+    health = json::parse(answer).at("result");
+    if (health.at("uptimeMs").as_int64() >= 2500) break;
+    std::this_thread::sleep_for(100ms);
   }
   ::close(fd);
-  INFO(answer);
-  auto health = json::parse(answer).at("result");
   CHECK(health.at("checks").at("socket").at("ok") == true);
   CHECK(health.at("status") == "ok");
   CHECK(daemon.stop(SIGTERM) == 0);

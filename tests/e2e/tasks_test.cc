@@ -884,7 +884,18 @@ TEST_CASE("tasks: a function call pinned to a definition of its lineage runs wha
                                                          {"name", "gamma"},
                                                          {"arguments", json::object{{"a", 41}}},
                                                          {"taskId", idOf(chain[3])}});
-  CHECK(errorKind(misnamed) == "not-found");
+  CHECK(errorCode(misnamed) == -32602);
+  CHECK_THAT(errorDetail(misnamed), Catch::Contains("was made with the name adder"));
+  // What running a definition holds grows with its parameters: they have a bound of their own.
+  auto wide = definition("wide");
+  json::object properties;
+  for (int i = 0; i < 1100; ++i)
+    properties["p" + std::to_string(i)] = json::object{{"type", "integer"}};
+  wide["definition"].as_object()["parameters"] =
+      json::object{{"type", "object"}, {"properties", std::move(properties)}};
+  auto tooWide = client.call("tasks.compile", compileParams(json::array{wide}));
+  CHECK(errorKind(tooWide) == "invalid-definition");
+  CHECK_THAT(errorDetail(tooWide), Catch::Contains("may have at most 2000"));
   // Module names follow the manifest's rules.
   auto badModules = definition("badmodules");
   badModules["definition"].as_object()["implementation"] =

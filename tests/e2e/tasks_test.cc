@@ -860,7 +860,8 @@ TEST_CASE("tasks: a function call pinned to a definition of its lineage runs wha
     CHECK(byRevision.at("result").at("sum") == 42);
     CHECK(byRevision.at("result").at("calls") == 1);
   }
-  for (const auto& sandbox : resultOf(client.call("sandboxes.list")).at("sandboxes").as_array()) {
+  const auto listed = resultOf(client.call("sandboxes.list"));
+  for (const auto& sandbox : listed.at("sandboxes").as_array()) {
     CHECK(sandbox.at("revision") != json::value(adderDefinition));
   }
   // Other arguments than recorded are refused; without the task the name is the registry's tool.

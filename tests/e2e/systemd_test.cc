@@ -29,6 +29,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <memory>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -416,11 +417,17 @@ TEST_CASE(
 
 namespace {
 
-// toolhostd under systemd-socket-activate, listening on `socket`; started by the first client.
-Child activatedDaemon(const fs::path& activate, const fs::path& socket, const TempDir& dir) {
-  return Child({activate.string(), "--listen=" + socket.string(), daemonBinary().string(),
-                "--state-dir", (dir.path() / "state").string(), "--log-format", "text"},
-               {}, dir.path() / "log");
+// toolhostd under systemd-socket-activate, once that listens on `socket`; the first client
+// starts the daemon.
+std::unique_ptr<Child> activatedDaemon(const fs::path& activate, const fs::path& socket,
+                                       const TempDir& dir) {
+  auto daemon = std::make_unique<Child>(
+      std::vector<std::string>{activate.string(), "--listen=" + socket.string(),
+                               daemonBinary().string(), "--state-dir",
+                               (dir.path() / "state").string(), "--log-format", "text"},
+      std::map<std::string, std::string>{}, dir.path() / "log");
+  REQUIRE(eventually([&] { return isListening(socket); }));
+  return daemon;
 }
 
 // daemon.health's socket check, asked with request id `id` (then the next one).
@@ -439,8 +446,7 @@ TEST_CASE("socket activation: systemd's socket file removed is reported, never m
   REQUIRE_PROGRAM(activate, "systemd-socket-activate");
   TempDir dir;
   auto socket = dir.path() / "s";
-  Child daemon = activatedDaemon(*activate, socket, dir);
-  REQUIRE(eventually([&] { return isListening(socket); }));
+  auto daemon = activatedDaemon(*activate, socket, dir);
   RawClient client(socket);
   CHECK(client.call("ping").contains("result"));
   fs::remove(socket);
@@ -464,7 +470,7 @@ TEST_CASE("socket activation: systemd's socket file removed is reported, never m
   REQUIRE(checkSays("was replaced"));
   CHECK(check.at("ok") == false);
   CHECK(client.call("ping", nullptr, id++).contains("result"));
-  CHECK(daemon.stop(SIGTERM) == 0);
+  CHECK(daemon->stop(SIGTERM) == 0);
 }
 
 TEST_CASE("socket activation: systemd's socket file gone before the daemon started is reported",
@@ -472,8 +478,7 @@ TEST_CASE("socket activation: systemd's socket file gone before the daemon start
   REQUIRE_PROGRAM(activate, "systemd-socket-activate");
   TempDir dir;
   auto socket = dir.path() / "s";
-  Child daemon = activatedDaemon(*activate, socket, dir);
-  REQUIRE(eventually([&] { return isListening(socket); }));
+  auto daemon = activatedDaemon(*activate, socket, dir);
   // Reached through a link: the first connection starts the daemon with the file already gone.
   fs::create_hard_link(socket, dir.path() / "link");
   fs::remove(socket);
@@ -485,7 +490,7 @@ TEST_CASE("socket activation: systemd's socket file gone before the daemon start
     return check.at("ok") == false;
   }));
   CHECK_THAT(std::string(check.at("detail").as_string()), Catch::Contains("is gone"));
-  CHECK(daemon.stop(SIGTERM) == 0);
+  CHECK(daemon->stop(SIGTERM) == 0);
 }
 
 TEST_CASE("socket activation: an abstract socket has no file to watch", "[systemd][activation]") {

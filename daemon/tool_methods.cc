@@ -305,7 +305,6 @@ void registerToolMethods(MethodTable& methods, ToolServices services) {
         // found through the task the call executes (the registry never holds it; a registry
         // tool of the same name is what the definition shadows there).
         std::optional<std::string> pinnedAs;  // the definition's id, when that is what runs
-        bool lineageCode = false;             // code an agent defined: no admin installed it
         // The task, read once: checked below.
         std::optional<registry::Result<json::object>> executed;
         const auto* taskParam = params.if_contains("taskId");
@@ -356,7 +355,6 @@ void registerToolMethods(MethodTable& methods, ToolServices services) {
                 co_return toRpcError(built.error());
               }
               if (built && *built) {
-                lineageCode = (**built)->revision == pinned;
                 resolved = **built;
                 pinnedAs = pinned;
               }
@@ -442,9 +440,11 @@ void registerToolMethods(MethodTable& methods, ToolServices services) {
             if (const auto* mode = params.if_contains("mode"); mode && mode->as_string() == "disposable") {
               options.mode = runtime::CallOptions::Mode::disposable;
             }
-            // Code an agent defined gets no retained sandbox: it could otherwise push out those of
-            // the tools an admin installed.
-            if (lineageCode) options.mode = runtime::CallOptions::Mode::disposable;
+            // Code an agent defined (its revision is the definition's id: no admin installed it)
+            // gets no retained sandbox: it could otherwise push out those of installed tools.
+            if (pinnedAs && tool->revision == *pinnedAs) {
+              options.mode = runtime::CallOptions::Mode::disposable;
+            }
             options.limits = requestedLimits(params);
             const runtime::CallLimits requested = options.limits;
             if (const auto* task = params.if_contains("taskId")) {

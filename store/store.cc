@@ -406,15 +406,38 @@ boost::system::result<StorePtr, OpenError> Store::open(Options options) {
   auto lock = lockStateDirectory(stateDir);
   if (!lock) return lock.error();
 
-  if (auto err = ensureDirectory(db)) return *err;
-  // Again, now that it exists: another user may have made it since the check above.
-  if (auto err = checkIfPresent(db, true)) return *err;
   std::error_code markerError;
   const bool created = std::filesystem::exists(stateDir / kCreatedFileName, markerError);
   if (markerError) {
     return openErrorFromErrno(markerError.value(),
                               "cannot inspect " + (stateDir / kCreatedFileName).string());
   }
+  // A database this directory held is gone: refused before anything is made in its place, so
+  // that restoring db/ (or its data.mdb) from a backup lands where it was.
+  const auto lost = [&](const std::string& what, const std::string& restore) {
+    return openError(
+        StoreErrc::corrupt,
+        fmt::format("the state database {} is {}, but this state directory held one ({} says "
+                    "so): it was deleted or truncated; {}, or remove {} to start again with an "
+                    "empty state",
+                    db.string(), what, kCreatedFileName, restore,
+                    (stateDir / kCreatedFileName).string()));
+  };
+  if (created) {
+    std::error_code dbError;
+    const bool dbDirectory = std::filesystem::exists(db, dbError);
+    if (dbError) return openErrorFromErrno(dbError.value(), "cannot inspect " + db.string());
+    if (!dbDirectory) return lost("missing", "restore db/ from a backup");
+    const bool dataFile = std::filesystem::exists(db / "data.mdb", dbError);
+    if (dbError) return openErrorFromErrno(dbError.value(), "cannot inspect " + db.string());
+    if (!dataFile) {
+      return lost("missing", "restore data.mdb into " + db.string() + " from a backup");
+    }
+  }
+
+  if (auto err = ensureDirectory(db)) return *err;
+  // Again, now that it exists: another user may have made it since the check above.
+  if (auto err = checkIfPresent(db, true)) return *err;
 
   MDB_env* rawEnv = nullptr;
   if (int rc = mdb_env_create(&rawEnv)) return openErrorFromMdb(rc, db, "create");
@@ -481,14 +504,7 @@ boost::system::result<StorePtr, OpenError> Store::open(Options options) {
   // The version is checked in a read transaction first, so a store we refuse is not written.
   auto stored = readSchemaVersion(env.get(), db);
   if (!stored) return stored.error();
-  if (!*stored && created) {
-    return openError(
-        StoreErrc::corrupt,
-        fmt::format("the state database {} is missing or empty, but this state directory held "
-                    "one ({} says so): it was deleted or truncated; restore db/ from a backup, "
-                    "or remove {} to start again with an empty state",
-                    db.string(), kCreatedFileName, (stateDir / kCreatedFileName).string()));
-  }
+  if (!*stored && created) return lost("missing or empty", "restore db/ from a backup");
   if (*stored && **stored > kSchemaVersion) {
     return openError(StoreErrc::versionMismatch,
                      fmt::format("the state database {} has schema version {}, newer than the "

@@ -163,16 +163,28 @@ TEST_CASE("a database lost after it was created is refused, not begun again") {
   }
   REQUIRE(std::filesystem::is_regular_file(marker));
 
+  std::string restore = "restore db/ from a backup";
+  bool dbKept = true;
   SECTION("truncated to nothing") {
     std::filesystem::resize_file(tmp.state() / "db" / "data.mdb", 0);
   }
-  SECTION("deleted with its directory") { std::filesystem::remove_all(tmp.state() / "db"); }
+  SECTION("deleted with its directory") {
+    std::filesystem::remove_all(tmp.state() / "db");
+    dbKept = false;
+  }
+  SECTION("its data file deleted") {
+    std::filesystem::remove(tmp.state() / "db" / "data.mdb");
+    restore = "restore data.mdb into " + (tmp.state() / "db").string();
+  }
   for (int attempt = 0; attempt < 2; ++attempt) {  // a refused open hides nothing from the next
     auto refused = Store::open(options(tmp.state()));
     REQUIRE(refused.has_error());
     CHECK(refused.error().code == StoreErrc::corrupt);
-    CHECK_THAT(refused.error().message, Catch::Contains("missing or empty"));
+    CHECK_THAT(refused.error().message, Catch::Contains("is missing"));
+    CHECK_THAT(refused.error().message, Catch::Contains(restore));
     CHECK_THAT(refused.error().message, Catch::Contains(marker.string()));
+    // Nothing is made in the lost database's place, so a backup moved back lands where it was.
+    CHECK(std::filesystem::exists(tmp.state() / "db") == dbKept);
   }
   // Removing the marker is how one starts again on purpose.
   std::filesystem::remove(marker);

@@ -301,14 +301,16 @@ Result<InstallOutcome> Registry::install(const json::object& manifest) {
       }
     }
   }
-  auto canonical = validateManifest(manifest, limits_);
-  if (!canonical) return canonical.error();
-  std::string name(manifest.at("name").as_string());
-  if (executionClassOf(manifest) == ExecutionClass::trustedNative) {
+  // Before the schema, which would first ask for what only a built-in tool has.
+  if (executionClass != nullptr && executionClass->is_string() &&
+      executionClass->get_string() == "trusted-native") {
     return RegistryError{RegistryErrc::invalidDefinition,
                          "manifest/execution/class: trusted-native tools are compiled into the "
                          "daemon; tools.install takes sandboxed-code and external-service tools"};
   }
+  auto canonical = validateManifest(manifest, limits_);
+  if (!canonical) return canonical.error();
+  std::string name(manifest.at("name").as_string());
   {
     std::lock_guard lock(mutex_);
     for (const auto& [revision, native] : natives_) {

@@ -338,16 +338,19 @@ asio::awaitable<void> runPopup(PopupJob job) {
 
 }  // namespace
 
-boost::system::result<json::object, std::string> DaemonCapabilityHost::resolveInvocation(
+boost::system::result<json::object, runtime::HostOpFailure> DaemonCapabilityHost::resolveInvocation(
     const registry::ToolRevision&, const std::string& name, const json::object& invocation) {
   // Within a lineage, its nearest definition of the name first, as tasks.compile pins a call.
   if (const auto* task = invocation.if_contains("taskId"); task && task->is_string()) {
     auto definition = services_.tasks.definitionFor(std::string(task->get_string()), name);
-    if (!definition) return definition.error().detail;
+    if (!definition) return runtime::HostOpFailure{"failed", definition.error().detail};
     if (*definition) return json::object{{"toolRevision", **definition}};
   }
   auto tool = services_.registry.getActive(name);
-  if (!tool) return std::string("no active tool named ") + name.substr(0, 80);
+  if (!tool) {
+    const bool notFound = tool.error().code == registry::RegistryErrc::notFound;
+    return runtime::HostOpFailure{notFound ? "not-found" : "failed", tool.error().detail};
+  }
   // Only opaque identities: no manifest, no settings values.
   json::object answer{{"toolRevision", (*tool)->revision}};
   if (auto settings = services_.registry.trySettingsRevision(name, (*tool)->revision)) {

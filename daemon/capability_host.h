@@ -68,7 +68,7 @@ class DaemonCapabilityHost final : public runtime::CapabilityHost {
   DaemonCapabilityHost(CapabilityServices services, boost::asio::any_io_executor executor)
       : services_(services), executor_(std::move(executor)) {}
 
-  boost::system::result<boost::json::object, std::string> resolveInvocation(
+  boost::system::result<boost::json::object, runtime::HostOpFailure> resolveInvocation(
       const registry::ToolRevision& caller, const std::string& name,
       const boost::json::object& invocation) override;
   boost::system::result<boost::json::array, std::string> createSubtasks(

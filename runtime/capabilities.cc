@@ -279,7 +279,8 @@ void onDoor(const DoorArgs& info, v8::Local<v8::Value> epoch) {
     if (!subtasksRequested(sandbox.tool())) {
       reject(context, resolver,
              std::string(doorName(door)) +
-                 " is not authorized: the tool's manifest does not request capabilities.subtasks",
+                 " is not authorized: the tool's manifest does not request it; add \"subtasks\": "
+                 "true to its capabilities and install the new revision",
              "not-authorized");
       return;
     }
@@ -602,7 +603,9 @@ void CapabilityHost::startQuickRequest(const registry::ToolRevision& caller,
                                        std::shared_ptr<HostOperation> operation) {
   if (!subtasksRequested(caller)) {
     operation->complete(HostOpFailure{
-        "not-authorized", kind + " needs capabilities.subtasks in the tool's manifest"});
+        "not-authorized", kind + " is not authorized: the tool's manifest does not request it; "
+                                 "add \"subtasks\": true to its capabilities and install the new "
+                                 "revision"});
     return;
   }
   const json::object* fields = request.if_object();
@@ -611,7 +614,7 @@ void CapabilityHost::startQuickRequest(const registry::ToolRevision& caller,
     auto resolved =
         resolveInvocation(caller, std::string(fields->at("name").get_string()), invocation);
     if (!resolved) {
-      operation->complete(HostOpFailure{"failed", resolved.error()});
+      operation->complete(std::move(resolved.error()));
     } else {
       operation->complete(json::value(std::move(*resolved)));
     }

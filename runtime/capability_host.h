@@ -80,8 +80,10 @@ class CapabilityHost {
 
   // The opaque revisions a call of tool `name` would run with: {toolRevision, settingsRevision?},
   // through the lineage of the caller's invocation (its taskId) first, as tasks.compile pins.
-  // Anything else in the object is dropped before the tool sees it. An error is a sentence.
-  virtual boost::system::result<boost::json::object, std::string> resolveInvocation(
+  // Anything else in the object is dropped before the tool sees it. An error has a code the tool
+  // sees (e.code: "not-found" when no tool of that name can be called, else "failed") and a
+  // sentence.
+  virtual boost::system::result<boost::json::object, HostOpFailure> resolveInvocation(
       const registry::ToolRevision& caller, const std::string& name,
       const boost::json::object& invocation) = 0;
 
@@ -92,7 +94,8 @@ class CapabilityHost {
 
   // A quick request without waiting for it: kind kResolveInvocation with request {name}, or
   // kCreateSubtasks with request {drafts}; `operation` completes with resolveInvocation's object
-  // or createSubtasks' array (or the error sentence, as code "failed"), now or later, from any
+  // or createSubtasks' array (or its error; createSubtasks' sentence as code "failed"), now or
+  // later, from any
   // thread. The default answers at once through the blocking forms above. Refuses (code
   // "not-authorized") a caller whose manifest does not request capabilities.subtasks.
   virtual void startQuickRequest(const registry::ToolRevision& caller,

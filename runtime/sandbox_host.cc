@@ -84,10 +84,9 @@ class ForwardingHost final : public CapabilityHost {
   explicit ForwardingHost(std::shared_ptr<MessageChannel> channel) : channel_(std::move(channel)) {}
 
   // Quick requests travel as operations (startQuickRequest); these blocking forms are never used.
-  boost::system::result<json::object, std::string> resolveInvocation(const registry::ToolRevision&,
-                                                                     const std::string&,
-                                                                     const json::object&) override {
-    return std::string("the sandbox host asks the daemon without waiting");
+  boost::system::result<json::object, HostOpFailure> resolveInvocation(
+      const registry::ToolRevision&, const std::string&, const json::object&) override {
+    return HostOpFailure{"failed", "the sandbox host asks the daemon without waiting"};
   }
   boost::system::result<json::array, std::string> createSubtasks(const registry::ToolRevision&,
                                                                  const json::value&,

@@ -342,11 +342,14 @@ TEST_CASE("capabilities: policy-gated ones refuse, subtasks go through the core"
       "planner",
       "export default async (args, ctx) => {\n"
       "  const target = await ctx.resolveInvocation('echo');\n"
+      "  const missing = await ctx.resolveInvocation('no-such-tool').then(() => 'found', (e) => "
+      "e.code);\n"
       "  const tasks = await ctx.createSubtasksResult([\n"
       "    { kind: 'message', role: 'assistant', content: 'hello' },\n"
       "    { kind: 'functioncall', role: 'assistant', call: { name: 'echo', arguments: { a: 1 } } "
       "}]);\n"
-      "  return { target, ids: tasks.map((t) => t.id), pinned: tasks[1].call.toolRevision };\n"
+      "  return { target, missing, ids: tasks.map((t) => t.id), pinned: tasks[1].call.toolRevision "
+      "};\n"
       "}");
   planner["capabilities"] = json::object{{"subtasks", true}};
   deploy(client, planner);
@@ -354,6 +357,7 @@ TEST_CASE("capabilities: policy-gated ones refuse, subtasks go through the core"
   auto echoRevision = client.call("tools.get", json::object{{"name", "echo"}}).at("result").at("revision");
   CHECK(planned.at("target").at("toolRevision") == echoRevision);
   CHECK(planned.at("pinned") == echoRevision);
+  CHECK(planned.at("missing") == "not-found");
   CHECK(planned.at("ids").as_array().size() == 2);
   // Without the capability in the manifest, the same code is refused.
   auto unplanned = planner;

@@ -64,13 +64,13 @@ class FakeHost : public CapabilityHost {
   // When set, runs first in every resolveInvocation (a test may block it there).
   std::function<void()> beforeResolve;
 
-  boost::system::result<boost::json::object, std::string> resolveInvocation(
+  boost::system::result<boost::json::object, HostOpFailure> resolveInvocation(
       const registry::ToolRevision& caller, const std::string& name,
       const boost::json::object&) override {
     if (beforeResolve) beforeResolve();
     std::lock_guard lock(mutex_);
     resolved.push_back(caller.name + " -> " + name);
-    if (name == "missing") return std::string("no tool named \"missing\"");
+    if (name == "missing") return HostOpFailure{"not-found", "no tool named \"missing\""};
     return boost::json::object{{"toolRevision", "sha256:resolved-" + name},
                                {"settingsRevision", "sha256:settings-" + name},
                                {"secretPath", "/etc/shadow"}};

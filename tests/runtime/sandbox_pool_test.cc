@@ -262,7 +262,7 @@ TEST_CASE("ctx offers exactly its doors, frozen, and denies what policy has not 
     INFO(door);
     CHECK(r.at(door).at("code") == "not-authorized");
     CHECK_THAT(std::string(r.at(door).at("message").as_string()),
-               Catch::Contains("does not request capabilities.subtasks"));
+               Catch::Contains(R"(add "subtasks": true to its capabilities)"));
   }
   CHECK(r.at("construct").at("name") == "TypeError");
   CHECK(f.host.resolved.empty());
@@ -306,7 +306,7 @@ TEST_CASE("resolveInvocation and createSubtasksResult reach the host with subtas
       json::parse(
           R"({"toolRevision":"sha256:resolved-weather","settingsRevision":"sha256:settings-weather"})"));
   CHECK(r.at("missing") ==
-        json::parse(R"({"code":"failed","message":"no tool named \"missing\""})"));
+        json::parse(R"({"code":"not-found","message":"no tool named \"missing\""})"));
   CHECK(r.at("a") == "sha256:resolved-a");
   CHECK(r.at("b") == "sha256:resolved-b");
   CHECK(r.at("tasks") ==

@@ -11,6 +11,7 @@
 #include <valijson/validator.hpp>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <exception>
 #include <functional>
@@ -22,23 +23,6 @@
 namespace toolhost::registry {
 
 namespace {
-
-// valijson reports a path as {"<root>", "[city]", "[0]"}; we speak JSON pointers.
-std::string toPointer(const std::vector<std::string>& context) {
-  std::string pointer;
-  for (const auto& part : context) {
-    if (part == "<root>") continue;
-    std::string name = part;
-    if (name.size() >= 2 && name.front() == '[' && name.back() == ']') {
-      name = name.substr(1, name.size() - 2);
-    }
-    if (name.size() >= 2 && name.front() == '"' && name.back() == '"') {
-      name = name.substr(1, name.size() - 2);
-    }
-    protocol::appendPointerToken(pointer, name);
-  }
-  return pointer;
-}
 
 // --- Where schemas stand ---
 
@@ -377,6 +361,237 @@ boost::json::value withWideIntegersAsDoubles(const boost::json::value& node) {
   return node;
 }
 
+// --- Words for a violation ---
+//
+// valijson's descriptions name the constraint that failed ("Value type not permitted by 'type'
+// constraint."), not what to write instead. For the common ones, the schema and the value at the
+// violation's place give the words: the type it must have, the properties it takes, the values
+// it may be, the bound it passed.
+
+// valijson's context ({"<root>", "[city]", "[0]"}) as pointer tokens.
+std::vector<std::string> contextTokens(const std::vector<std::string>& context) {
+  std::vector<std::string> tokens;
+  for (const auto& part : context) {
+    if (part == "<root>") continue;
+    std::string name = part;
+    if (name.size() >= 2 && name.front() == '[' && name.back() == ']') {
+      name = name.substr(1, name.size() - 2);
+    }
+    if (name.size() >= 2 && name.front() == '"' && name.back() == '"') {
+      name = name.substr(1, name.size() - 2);
+    }
+    tokens.push_back(std::move(name));
+  }
+  return tokens;
+}
+
+// The violation's place as a JSON pointer.
+std::string toPointer(const std::vector<std::string>& context) {
+  std::string pointer;
+  for (const auto& token : contextTokens(context)) protocol::appendPointerToken(pointer, token);
+  return pointer;
+}
+
+// The schema object that applies at `tokens` when the path leads through "properties",
+// "additionalProperties" and "items" alone (references followed); nullptr otherwise (a
+// combinator, a pattern), when the caller says less.
+const boost::json::object* schemaAt(const boost::json::value& document,
+                                    const std::vector<std::string>& tokens,
+                                    const boost::json::value& instance) {
+  auto follow = [&](const boost::json::value* node) -> const boost::json::object* {
+    // compile() admitted only references that end; the count is a second guard.
+    for (int hops = 0; node != nullptr && hops < 64; ++hops) {
+      const auto* object = node->if_object();
+      if (object == nullptr) return nullptr;
+      const auto* ref = object->if_contains("$ref");
+      if (ref == nullptr || !ref->is_string()) return object;
+      auto resolved = resolve(document, ref->get_string());
+      node = resolved ? resolved->second : nullptr;
+    }
+    return nullptr;
+  };
+  const boost::json::object* node = follow(&document);
+  const boost::json::value* value = &instance;
+  for (const auto& token : tokens) {
+    if (node == nullptr || value == nullptr) return nullptr;
+    const boost::json::value* next = nullptr;
+    if (const auto* object = value->if_object()) {
+      value = object->if_contains(token);
+      const auto* properties = node->if_contains("properties");
+      if (properties != nullptr && properties->is_object()) {
+        next = properties->get_object().if_contains(token);
+      }
+      if (next == nullptr) next = node->if_contains("additionalProperties");
+    } else if (const auto* array = value->if_array()) {
+      auto index = arrayIndex(token, array->size());
+      if (!index) return nullptr;
+      value = &(*array)[*index];
+      const auto* items = node->if_contains("items");
+      if (items != nullptr && items->is_array()) {
+        next = *index < items->get_array().size() ? &items->get_array()[*index]
+                                                  : node->if_contains("additionalItems");
+      } else {
+        next = items;
+      }
+    } else {
+      return nullptr;
+    }
+    node = follow(next);
+  }
+  return node;
+}
+
+const boost::json::value* valueAt(const boost::json::value& instance,
+                                  const std::vector<std::string>& tokens) {
+  const boost::json::value* value = &instance;
+  for (const auto& token : tokens) {
+    if (const auto* object = value->if_object()) {
+      value = object->if_contains(token);
+    } else if (const auto* array = value->if_array()) {
+      auto index = arrayIndex(token, array->size());
+      value = index ? &(*array)[*index] : nullptr;
+    } else {
+      value = nullptr;
+    }
+    if (value == nullptr) return nullptr;
+  }
+  return value;
+}
+
+std::string kindOf(const boost::json::value& value) {
+  switch (value.kind()) {
+    case boost::json::kind::null:
+      return "null";
+    case boost::json::kind::bool_:
+      return "a boolean";
+    case boost::json::kind::string:
+      return "a string";
+    case boost::json::kind::array:
+      return "an array";
+    case boost::json::kind::object:
+      return "an object";
+    default:
+      return "a number";
+  }
+}
+
+std::string typeWords(std::string_view type) {
+  if (type == "null") return "null";
+  if (type == "integer" || type == "array" || type == "object") return "an " + std::string(type);
+  return "a " + std::string(type);
+}
+
+// A JSON value as the message shows it: its text, cut short.
+std::string shown(const boost::json::value& value, std::size_t limit = 60) {
+  std::string text = protocol::writeJson(value);
+  if (text.size() > limit) {
+    std::size_t cut = limit;
+    while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0U) == 0x80U) --cut;
+    text = text.substr(0, cut) + "...";
+  }
+  return text;
+}
+
+// "1440.000000" (std::to_string of a double) as "1440", "0.500000" as "0.5".
+std::string trimmedNumbers(std::string text) {
+  std::string out;
+  std::size_t i = 0;
+  while (i < text.size()) {
+    if (text[i] == '.' && i > 0 && std::isdigit(static_cast<unsigned char>(text[i - 1])) &&
+        i + 1 < text.size() && std::isdigit(static_cast<unsigned char>(text[i + 1]))) {
+      std::size_t end = i + 1;
+      while (end < text.size() && std::isdigit(static_cast<unsigned char>(text[end]))) ++end;
+      std::string fraction = text.substr(i + 1, end - i - 1);
+      while (!fraction.empty() && fraction.back() == '0') fraction.pop_back();
+      if (!fraction.empty()) out += "." + fraction;
+      i = end;
+      continue;
+    }
+    out += text[i++];
+  }
+  return out;
+}
+
+std::string explained(const boost::json::value& document, const boost::json::value& instance,
+                      const std::vector<std::string>& tokens, const std::string& description) {
+  const boost::json::value* value = valueAt(instance, tokens);
+  const boost::json::object* node = schemaAt(document, tokens, instance);
+  const std::string itIs = value != nullptr ? " (it is " + shown(*value) + ")" : "";
+
+  if (description.starts_with("Value type not permitted")) {
+    const std::string actual = value != nullptr ? " (it is " + kindOf(*value) + ")" : "";
+    const auto* type = node != nullptr ? node->if_contains("type") : nullptr;
+    std::string expected;
+    if (type != nullptr && type->is_string()) {
+      expected = typeWords(type->get_string());
+    } else if (type != nullptr && type->is_array()) {
+      for (const auto& each : type->get_array()) {
+        if (!each.is_string()) continue;
+        if (!expected.empty()) expected += " or ";
+        expected += typeWords(each.get_string());
+      }
+    }
+    if (expected.empty()) return "has a type the schema does not allow" + actual;
+    return "must be " + expected + actual;
+  }
+  constexpr std::string_view kUnknown =
+      "Object contains a property that could not be validated using 'properties' or "
+      "'additionalProperties' constraints: '";
+  if (description.starts_with(kUnknown) && description.ends_with("'.")) {
+    const std::string name =
+        description.substr(kUnknown.size(), description.size() - kUnknown.size() - 2);
+    std::string message = "has no property " + shown(boost::json::value(name));
+    const auto* properties = node != nullptr ? node->if_contains("properties") : nullptr;
+    if (properties != nullptr && properties->is_object() && !properties->get_object().empty()) {
+      message += "; the properties it takes are ";
+      std::size_t listed = 0;
+      for (const auto& [key, ignored] : properties->get_object()) {
+        if (listed == 20) {
+          message += ", ...";
+          break;
+        }
+        if (listed++ > 0) message += ", ";
+        message += shown(boost::json::value(key), 40);
+      }
+    } else {
+      message += "; it takes no properties but those the schema names";
+    }
+    return message;
+  }
+  if (description.starts_with("Failed to match against any enum values")) {
+    const auto* values = node != nullptr ? node->if_contains("enum") : nullptr;
+    if (values == nullptr || !values->is_array()) return "is not one of the values allowed" + itIs;
+    std::string list;
+    std::size_t listed = 0;
+    for (const auto& each : values->get_array()) {
+      if (listed == 10 || list.size() > 200) {
+        list += ", ...";
+        break;
+      }
+      if (listed++ > 0) list += ", ";
+      list += shown(each, 40);
+    }
+    return "must be one of " + list + itIs;
+  }
+  if (description.starts_with("Failed to match expected value set by 'const'")) {
+    const auto* expected = node != nullptr ? node->if_contains("const") : nullptr;
+    if (expected == nullptr) return "is not the value the schema requires" + itIs;
+    return "must be " + shown(*expected) + itIs;
+  }
+  static constexpr std::pair<std::string_view, std::string_view> kBounds[] = {
+      {"Expected number less than or equal to ", "must be at most "},
+      {"Expected number less than ", "must be less than "},
+      {"Expected number greater than or equal to ", "must be at least "},
+      {"Expected number greater than ", "must be greater than "},
+      {"Value should be a multiple of ", "must be a multiple of "}};
+  for (const auto& [prefix, words] : kBounds) {
+    if (description.starts_with(prefix)) {
+      return std::string(words) + trimmedNumbers(description.substr(prefix.size())) + itIs;
+    }
+  }
+  return trimmedNumbers(description);
+}
+
 }  // namespace
 
 void forEachSubschema(
@@ -483,7 +698,9 @@ std::optional<SchemaViolation> JsonSchema::validate(const boost::json::value& gi
   std::size_t bestDepth = 0;
   while (results.popError(error)) {
     if (!best || error.context.size() > bestDepth) {
-      best = SchemaViolation{toPointer(error.context), error.description};
+      best = SchemaViolation{
+          toPointer(error.context),
+          explained(*document_, instance, contextTokens(error.context), error.description)};
       bestDepth = error.context.size();
     }
   }

@@ -20,8 +20,8 @@ namespace toolhost::registry {
 
 struct SchemaViolation {
   std::string path;    // JSON pointer of the offending value ("" for the root)
-  std::string reason;  // valijson's description of what failed
-  std::string describe(std::string_view what) const;  // "arguments/city: Value type not permitted..."
+  std::string reason;  // what failed, in words: "must be an integer (it is a string)"
+  std::string describe(std::string_view what) const;  // "arguments/city: must be a string (...)"
 };
 
 struct SchemaError {

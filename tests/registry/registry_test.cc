@@ -658,6 +658,44 @@ TEST_CASE("parameters may share definitions through local references", "[registr
   CHECK(violation->path == "/via/0/city");
 }
 
+TEST_CASE("a violation says what the value must be, from the schema", "[registry]") {
+  auto schema = JsonSchema::compile(json::parse(R"({
+    "type": "object",
+    "properties": {
+      "delayMs": {"type": "integer", "minimum": 0, "maximum": 1440},
+      "mode": {"enum": ["retained", "disposable"]},
+      "note": {"type": ["string", "null"]},
+      "step": {"multipleOf": 0.5},
+      "list": {"type": "array", "items": {"$ref": "#/definitions/item"}}
+    },
+    "additionalProperties": false,
+    "definitions": {"item": {"type": "object", "properties": {"kind": {"const": "a"}}}}
+  })"));
+  REQUIRE(schema.has_value());
+  auto reason = [&](const char* arguments, const std::string& path) {
+    auto violation = schema->validate(json::parse(arguments));
+    REQUIRE(violation);
+    CHECK(violation->path == path);
+    return violation->reason;
+  };
+  CHECK(reason(R"({"delay":5})", "") ==
+        R"(has no property "delay"; the properties it takes are "delayMs", "mode", "note", )"
+        R"("step", "list")");
+  CHECK(reason(R"({"delayMs":"5"})", "/delayMs") == "must be an integer (it is a string)");
+  CHECK(reason(R"({"delayMs":100000})", "/delayMs") == "must be at most 1440 (it is 100000)");
+  CHECK(reason(R"({"delayMs":-1})", "/delayMs") == "must be at least 0 (it is -1)");
+  CHECK(reason(R"({"mode":"dispose"})", "/mode") ==
+        R"(must be one of "retained", "disposable" (it is "dispose"))");
+  CHECK(reason(R"({"note":5})", "/note") == "must be a string or null (it is a number)");
+  CHECK(reason(R"({"step":0.3})", "/step") == "must be a multiple of 0.5 (it is 0.3)");
+  // Through items and a reference.
+  CHECK(reason(R"({"list":[{"kind":"a"},{"kind":"b"}]})", "/list/1/kind") ==
+        R"(must be "a" (it is "b"))");
+  // A long value is cut short.
+  const std::string longMode = R"({"mode":")" + std::string(500, 'x') + R"("})";
+  CHECK(reason(longMode.c_str(), "/mode").size() < 200);
+}
+
 TEST_CASE("an over-long array against uniqueItems fails at maxItems without comparing its items",
           "[registry]") {
   auto schema = JsonSchema::compile(json::parse(

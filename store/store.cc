@@ -438,6 +438,48 @@ boost::system::result<StorePtr, OpenError> Store::open(Options options) {
   if (auto err = ensureDirectory(db)) return *err;
   // Again, now that it exists: another user may have made it since the check above.
   if (auto err = checkIfPresent(db, true)) return *err;
+  // A first open that failed part way (a full disk) can leave a data file shorter than the two
+  // meta pages LMDB writes first, which it then refuses as "not an LMDB file" forever. Without
+  // the marker it never held a schema version, so nothing is lost by starting it again.
+  if (!created) {
+    std::error_code sizeError;
+    const auto size = std::filesystem::file_size(db / "data.mdb", sizeError);
+    const auto pageSize = static_cast<std::uintmax_t>(::sysconf(_SC_PAGESIZE));
+    if (!sizeError && size > 0 && size < 2 * pageSize) {
+      spdlog::warn(
+          "store: {} holds {} bytes, less than a database's first two pages: an earlier "
+          "first start stopped part way; starting it again",
+          (db / "data.mdb").string(), size);
+      std::error_code removeError;
+      std::filesystem::remove(db / "data.mdb", removeError);
+      if (removeError) {
+        return openErrorFromErrno(removeError.value(),
+                                  "cannot remove the unfinished " + (db / "data.mdb").string());
+      }
+      std::filesystem::remove(db / "lock.mdb", removeError);
+    }
+  }
+
+  // LMDB makes its lock file at full length without allocating it, then writes it through a
+  // map: on a disk without room for it that write kills the process (SIGBUS). Made here first,
+  // with its room taken, a full disk is an error instead. LMDB keeps a longer file as it is.
+  if (!std::filesystem::exists(db / "lock.mdb", fsError) && !fsError) {
+    const int fd = ::open((db / "lock.mdb").c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd >= 0) {
+      // A reader slot takes a cache line (64 bytes); the header a few more, well under a page.
+      const auto bytes = static_cast<off_t>((options.maxReaders + 1) * 64 + 4096);
+      const int err = ::posix_fallocate(fd, 0, bytes);
+      ::close(fd);
+      if (err != 0) {
+        std::filesystem::remove(db / "lock.mdb", fsError);
+        return openErrorFromErrno(err,
+                                  "cannot make the lock file of the state database " + db.string());
+      }
+    } else if (errno != EEXIST) {
+      return openErrorFromErrno(errno,
+                                "cannot make the lock file of the state database " + db.string());
+    }
+  }
 
   MDB_env* rawEnv = nullptr;
   if (int rc = mdb_env_create(&rawEnv)) return openErrorFromMdb(rc, db, "create");

@@ -1,6 +1,7 @@
 #include <lmdb.h>
 
 #include <poll.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <catch2/catch.hpp>
@@ -217,6 +218,27 @@ TEST_CASE("a database made before the marker existed gets one, and a failed firs
   CHECK_FALSE(std::filesystem::exists(other.state() / "db.created"));
   std::filesystem::remove(other.state() / "db" / "data.mdb");
   CHECK(Store::open(options(other.state())).has_value());
+
+  // A first open that a full disk stopped part way leaves less than LMDB's two meta pages:
+  // without the marker, that database is begun again rather than refused for ever.
+  TempDir half;
+  std::filesystem::create_directories(half.state() / "db");
+  {
+    std::ofstream partial(half.state() / "db" / "data.mdb", std::ios::binary);
+    partial << std::string(4096, '\0');
+  }
+  {
+    auto store = openOrFail(options(half.state()));
+    CHECK(std::filesystem::is_regular_file(half.state() / "db.created"));
+    // Its lock file, made afresh, has its room taken (LMDB writes it through a map, where a
+    // full disk would be SIGBUS).
+    struct stat lock {};
+    REQUIRE(::stat((half.state() / "db" / "lock.mdb").c_str(), &lock) == 0);
+    CHECK(lock.st_blocks * 512 >= lock.st_size);
+  }
+  // With the marker, the same is a database that was lost, and refused.
+  std::filesystem::resize_file(half.state() / "db" / "data.mdb", 4096);
+  CHECK(Store::open(options(half.state())).has_error());
 }
 
 TEST_CASE("the page check runs before any table is read, and what it reports refuses the store",

@@ -2,7 +2,11 @@
 // services below it report outcomes as values, and daemon/ maps each to one code here.
 #pragma once
 
+#include "protocol/jsonrpc.h"
+
+#include <string>
 #include <string_view>
+#include <utility>
 
 namespace toolhost::daemon::app_error {
 
@@ -49,6 +53,11 @@ inline std::string_view message(int code) {
     case kSandboxCrashed: return "Sandbox crashed";
     default: return "Server error";
   }
+}
+
+// An error of one of these codes, with its fixed message.
+inline protocol::RpcError error(int code, std::string kind, std::string detail) {
+  return protocol::RpcError{code, std::string(message(code)), std::move(kind), std::move(detail)};
 }
 
 }  // namespace toolhost::daemon::app_error

@@ -101,9 +101,7 @@ MethodResult invalidParams(std::string detail) {
 }
 
 MethodResult appError(int code, std::string kind, std::string detail) {
-  protocol::RpcError error{code, std::string(app_error::message(code)), std::move(kind),
-                           std::move(detail)};
-  return error;
+  return app_error::error(code, std::move(kind), std::move(detail));
 }
 
 }  // namespace toolhost::daemon

@@ -124,7 +124,7 @@ std::string Session::answerLine(const json::value& response) {
         connection ? "on this connection" : "in the daemon", note);
   }
   const json::value* id = response.is_object() ? response.as_object().if_contains("id") : nullptr;
-  auto error = protocol::makeError(
+  auto error = app_error::error(
       app_error::kOutputTooLarge, "output-too-large",
       "the answer is " + std::to_string(text.size()) + " bytes, " +
           (alone ? "more than any answer may hold (" + std::to_string(kMaxHeldAnswerBytes) +
@@ -339,8 +339,8 @@ bool Session::serveCancelNotifications(const Decoded& parked) {
       ++inFlight_;
       enqueue(answerLine(protocol::errorResponse(
                   *parkedRequest->id,
-                  protocol::makeError(app_error::kCancelled, "cancelled",
-                                      "the request was cancelled before it was served"))),
+                  app_error::error(app_error::kCancelled, "cancelled",
+                                   "the request was cancelled before it was served"))),
               1);
       if (namesRunning) handle(std::move(decoded), 1);
       return true;

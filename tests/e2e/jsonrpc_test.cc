@@ -461,6 +461,7 @@ TEST_CASE("cancel notifications get through while max_in_flight holds the rest b
   auto first = client.readJson(std::chrono::seconds(10));
   CHECK(first.at("id") == 3);
   CHECK(first.at("error").at("code") == -32009);
+  CHECK(first.at("error").at("message") == "Cancelled");  // as every -32009 says
   CHECK_THAT(std::string(first.at("error").at("data").at("detail").as_string()),
              Catch::Contains("before it was served"));
   client.send(cancel(1) + cancel(2));

@@ -637,6 +637,7 @@ TEST_CASE("the answers a client has not read stay bounded: the excess is output-
     }
     const auto& error = answer.at("error").as_object();
     CHECK(error.at("code") == -32007);
+    CHECK(error.at("message") == "Output too large");
     CHECK(error.at("data").at("kind") == "output-too-large");
     CHECK_THAT(str(error.at("data").at("detail")),
                Catch::Contains("this connection already holds"));

@@ -471,10 +471,32 @@ void registerToolMethods(MethodTable& methods, ToolServices services) {
                   ledger->open(limits ? static_cast<std::size_t>(limits->outputBytes) : 0);
             }
             if (subtasks.ledger != nullptr) options.invocation["subtasksKey"] = subtasks.key;
+            // The settings it runs with (ctx.settings): those pinned by the task it executes,
+            // which it runs as recorded; else the revision's current ones. Code an agent
+            // defined has none.
+            std::optional<std::string> settingsRevision;
+            if (!pinnedAs && params.contains("taskId") && executed && *executed) {
+              const auto& call = (*executed)->at("call").as_object();
+              if (const auto* pinned = call.if_contains("settingsRevision");
+                  pinned != nullptr && pinned->is_string()) {
+                settingsRevision = std::string(pinned->as_string());
+              }
+            } else if (!pinnedAs) {
+              settingsRevision = tools.trySettingsRevision(tool->name, tool->revision);
+            }
+            if (settingsRevision) {
+              auto settings = tools.sharedSettings(*settingsRevision, tool->name, tool->revision);
+              if (!settings) co_return toRpcError(settings.error());
+              options.settingsRevision = *settingsRevision;
+              options.settings = std::move(*settings);
+            }
             auto outcome =
                 co_await services.sandboxes->call(tool, std::move(arguments), std::move(options));
             auto answer =
                 answerFor(std::move(outcome), *tool, requested, services.sandboxes->config());
+            if (settingsRevision && answer && answer->is_object()) {
+              answer->as_object()["settingsRevision"] = *settingsRevision;
+            }
             if (subtasks.ledger != nullptr && answer && answer->is_object()) {
               if (auto made = subtasks.ledger->close(subtasks.key); !made.empty()) {
                 answer->as_object()["subtasks"] = std::move(made);

@@ -502,6 +502,12 @@ Result<SettingsOutcome> Registry::configure(const std::string& name, const std::
     txn.put(currentSettings_, store::compositeKey({name, revision}), settingsRevision);
     return {};
   });
+  {
+    // Whether or not the write went through (it may have, with an error after): read again.
+    std::lock_guard lock(mutex_);
+    ++settingsGeneration_;
+    currentSettingsCache_.clear();
+  }
   if (!written) return storageError(store_, written.error());
   return SettingsOutcome{settingsRevision, created};
 }
@@ -535,10 +541,49 @@ Result<std::string> Registry::settingsSaltKey() {
 }
 
 std::optional<std::string> Registry::trySettingsRevision(const std::string& name, const std::string& revision) {
-  auto found = store_.read(
-      [&](store::ReadTxn& txn) { return txn.getCopy(currentSettings_, store::compositeKey({name, revision})); });
+  const std::string key = store::compositeKey({name, revision});
+  std::uint64_t generation = 0;
+  {
+    std::lock_guard lock(mutex_);
+    if (auto cached = currentSettingsCache_.find(key); cached != currentSettingsCache_.end()) {
+      return cached->second;
+    }
+    generation = settingsGeneration_;
+  }
+  auto found = store_.read([&](store::ReadTxn& txn) { return txn.getCopy(currentSettings_, key); });
   if (!found) return std::nullopt;
+  std::lock_guard lock(mutex_);
+  if (generation == settingsGeneration_) {
+    if (currentSettingsCache_.size() >= kMaxCachedCurrentSettings) currentSettingsCache_.clear();
+    currentSettingsCache_.insert_or_assign(key, *found);
+  }
   return *found;
+}
+
+Result<std::shared_ptr<const json::object>> Registry::sharedSettings(
+    const std::string& settingsRevision, const std::string& name, const std::string& revision) {
+  {
+    std::lock_guard lock(mutex_);
+    if (auto cached = settingsCache_.find(settingsRevision); cached != settingsCache_.end()) {
+      if (cached->second.tool == name && cached->second.toolRevision == revision) {
+        return cached->second.values;
+      }
+    }
+  }
+  auto values = getSettings(settingsRevision, name, revision);
+  if (!values) return values.error();
+  auto shared = std::make_shared<const json::object>(std::move(*values));
+  const std::size_t bytes = protocol::writeJson(*shared).size() + settingsRevision.size();
+  std::lock_guard lock(mutex_);
+  if (cachedSettingsBytes_ + bytes > kMaxCachedSettingsBytes) {
+    settingsCache_.clear();
+    cachedSettingsBytes_ = 0;
+  }
+  if (bytes <= kMaxCachedSettingsBytes &&
+      settingsCache_.try_emplace(settingsRevision, CachedSettings{shared, name, revision}).second) {
+    cachedSettingsBytes_ += bytes;
+  }
+  return shared;
 }
 
 Result<json::object> Registry::getSettings(const std::string& settingsRevision, const std::string& name,

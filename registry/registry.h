@@ -127,11 +127,16 @@ class Registry {
   // current settings.
   Result<SettingsOutcome> configure(const std::string& name, const std::string& revision,
                                     const boost::json::object& settings);
-  // The current settings revision of (name, revision), if configured.
+  // The current settings revision of (name, revision), if configured (cached; every
+  // tools.call of a sandboxed tool asks).
   std::optional<std::string> trySettingsRevision(const std::string& name, const std::string& revision);
   // Settings values; resolves only for the tool name and revision they were stored for.
   Result<boost::json::object> getSettings(const std::string& settingsRevision, const std::string& name,
                                           const std::string& revision);
+  // The same, shared and kept (a settings revision never changes): what a call's ctx.settings
+  // holds.
+  Result<std::shared_ptr<const boost::json::object>> sharedSettings(
+      const std::string& settingsRevision, const std::string& name, const std::string& revision);
 
   // Re-hashes every stored manifest and settings document; lists what does not match.
   Result<std::vector<std::string>> verifyAll();
@@ -181,6 +186,19 @@ class Registry {
   // the store (the state directory is locked).
   std::map<std::string, Binding, std::less<>> bindingCache_;
   std::uint64_t bindingsGeneration_ = 0;
+  // Current settings revisions (name \0 revision -> revision, or none), filled as bindings are,
+  // against settingsGeneration_ (configure() bumps it); and settings values by settings revision,
+  // within kMaxCachedSettingsBytes of their stored text. Both cleared when full. Under mutex_.
+  std::map<std::string, std::optional<std::string>, std::less<>> currentSettingsCache_;
+  std::uint64_t settingsGeneration_ = 0;
+  struct CachedSettings {
+    std::shared_ptr<const boost::json::object> values;
+    std::string tool, toolRevision;
+  };
+  static constexpr std::size_t kMaxCachedSettingsBytes = 8 * 1024 * 1024;
+  static constexpr std::size_t kMaxCachedCurrentSettings = 4096;
+  std::map<std::string, CachedSettings, std::less<>> settingsCache_;
+  std::size_t cachedSettingsBytes_ = 0;
   std::vector<std::function<void(const std::string&, const std::string&, const std::string&)>>
       bindingListeners_;
 };

@@ -66,6 +66,10 @@ struct CallOptions {
   Mode mode = Mode::retained;
   CallLimits limits;               // may only tighten the manifest's limits
   boost::json::object invocation;  // e.g. {taskId}; handed to the CapabilityHost, not to JS
+  // The tool's settings for this call (ctx.settings, deep-frozen; null when there are none),
+  // and their settings revision, by which a sandbox keeps the values it made from them.
+  std::string settingsRevision;
+  std::shared_ptr<const boost::json::object> settings;
 
   // For whoever hosts a SandboxPool (the sandbox host process); it reaches neither JavaScript
   // nor the CapabilityHost: a number of the caller's choosing that SandboxPool::stalled() reports.

@@ -53,6 +53,8 @@ struct CallState {
   registry::ToolRevisionPtr tool;
   EffectiveLimits limits;
   boost::json::object invocation;
+  std::string settingsRevision;                         // CallOptions'
+  std::shared_ptr<const boost::json::object> settings;  // CallOptions'
   CapabilityHost* host = nullptr;
   std::size_t maxResultDepth = 128;
   std::size_t maxLogBytes = 64 * 1024;

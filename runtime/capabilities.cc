@@ -484,7 +484,20 @@ constexpr const char* kLocaleDatesPrelude = R"JS((function () {
 constexpr const char* kCtxFactory = R"JS((function (door) {
   'use strict';
   const freeze = Object.freeze;
-  return (epoch, tool) => {
+  const values = Object.values;
+  // Settings arrive as plain data (JSON.parse's objects and arrays): frozen all the way down, so
+  // that what one call does to them no other call of the sandbox sees.
+  const freezeDeep = (value) => {
+    if (typeof value === 'object' && value !== null) {
+      freeze(value);
+      const members = values(value);
+      for (let i = 0; i < members.length; i++) freezeDeep(members[i]);
+    }
+    return value;
+  };
+  // `fresh`: settings just parsed, to be frozen (the same value comes back in later calls).
+  return (epoch, tool, settings, fresh) => {
+    if (fresh) freezeDeep(settings);
     const storage = freeze({
       get: (key) => door(epoch, 4, key),
       set: (key, value) => door(epoch, 5, key, value),
@@ -493,6 +506,7 @@ constexpr const char* kCtxFactory = R"JS((function (door) {
     });
     return freeze({
       tool,
+      settings,
       fetch: (input, init) => door(epoch, 1, input, init),
       popup: (request) => door(epoch, 2, request),
       secret: (name) => door(epoch, 3, name),
@@ -691,14 +705,30 @@ v8::MaybeLocal<v8::Object> makeCtx(v8::Local<v8::Context> context, const CallSta
     }
     prelude.tool.Reset(isolate, tool);
   }
+  // ctx.settings: made once per settings revision the sandbox sees, then the same frozen value.
+  v8::Local<v8::Value> settings = v8::Null(isolate);
+  bool fresh = false;
+  if (call.settings != nullptr) {
+    if (prelude.settings.IsEmpty() || prelude.settingsRevision != call.settingsRevision) {
+      if (!fromJson(context, *call.settings).ToLocal(&settings)) return {};
+      prelude.settings.Reset(isolate, settings);
+      prelude.settingsRevision = call.settingsRevision;
+      fresh = true;
+    } else {
+      settings = prelude.settings.Get(isolate);
+    }
+  }
   // The epoch binds every function to this call (exact in a double: epochs stay below 2^53).
   v8::Local<v8::Value> argv[] = {v8::Number::New(isolate, static_cast<double>(call.epoch)),
-                                 prelude.tool.Get(isolate)};
+                                 prelude.tool.Get(isolate), settings,
+                                 v8::Boolean::New(isolate, fresh)};
   v8::Local<v8::Value> ctx;
-  if (!prelude.makeCtx.Get(isolate)
-           ->Call(context, v8::Undefined(isolate), 2, argv)
-           .ToLocal(&ctx) ||
+  if (!prelude.makeCtx.Get(isolate)->Call(context, v8::Undefined(isolate), 4, argv).ToLocal(&ctx) ||
       !ctx->IsObject()) {
+    if (fresh) {  // not frozen: never handed out
+      prelude.settings.Reset();
+      prelude.settingsRevision.clear();
+    }
     return {};
   }
   return scope.Escape(ctx.As<v8::Object>());

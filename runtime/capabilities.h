@@ -76,13 +76,18 @@ class Sandbox;
 // original intrinsics whatever the tool later does to the globals).
 struct Prelude {
   v8::Global<v8::Function> makeResponse;  // (status, statusText, url, headers, body) -> Response
-  v8::Global<v8::Function> makeCtx;       // (epoch, tool) -> frozen ctx
+  v8::Global<v8::Function> makeCtx;       // (epoch, tool, settings, fresh) -> frozen ctx
   v8::Global<v8::Object> tool;            // frozen {name, revision}, made by the first makeCtx
+  // ctx.settings as last made (deep-frozen), and the settings revision it was made from.
+  v8::Global<v8::Value> settings;
+  std::string settingsRevision;
 
   void reset() {
     makeResponse.Reset();
     makeCtx.Reset();
     tool.Reset();
+    settings.Reset();
+    settingsRevision.clear();
   }
 };
 

@@ -1465,6 +1465,10 @@ asio::awaitable<CallOutcome> ProcessSandboxPool::call(registry::ToolRevisionPtr 
       {"limits", ipc::limitsToJson(options.limits)}};
   message.emplace("arguments", std::move(arguments));
   message.emplace("invocation", std::move(options.invocation));
+  if (options.settings != nullptr) {
+    message.emplace("settings", json::object{{"revision", options.settingsRevision},
+                                             {"values", *options.settings}});
+  }
   co_return co_await impl_->asyncCall(std::move(message), std::move(tool), *admission,
                                       asio::use_awaitable);
 }

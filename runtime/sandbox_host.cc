@@ -312,6 +312,14 @@ class HostSide {
     ipc::objectField(message, "invocation");  // checked here, taken next
     options.invocation = std::move(message["invocation"].get_object());
     options.invocation[kCallKey] = id;
+    if (message.contains("settings")) {
+      ipc::objectField(message, "settings");  // checked here, taken next
+      json::object& settings = message["settings"].get_object();
+      options.settingsRevision = ipc::stringField(settings, "revision");
+      ipc::objectField(settings, "values");
+      options.settings =
+          std::make_shared<const json::object>(std::move(settings["values"].get_object()));
+    }
     options.tag = id;
     ipc::objectField(message, "arguments");  // checked here, taken below
     {

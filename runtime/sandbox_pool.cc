@@ -549,6 +549,10 @@ std::variant<CallOutcome, std::shared_ptr<CallJob>> SandboxPool::Impl::admit(
   call.tool = tool;
   call.limits = limits;
   call.invocation = std::move(options.invocation);
+  if (options.settings != nullptr) {
+    call.settingsRevision = std::move(options.settingsRevision);
+    call.settings = std::move(options.settings);
+  }
   call.host = &host;
   call.maxResultDepth = config.maxResultDepth;
   call.maxLogBytes = config.maxLogBytes;

@@ -5,15 +5,16 @@
 // object per line, LF-terminated, at most kMaxMessageBytes per line (results may be large),
 // written with protocol::writeJson and read with protocol::parseJson (depth bounded by
 // maxMessageDepth). Every message has "t", its type. Ids are unsigned integers chosen by the side
-// that creates the thing: calls by the daemon, operations ("op") by the host. A message that does not parse or has the wrong shape is a protocol error: the daemon
-// kills the host, the host exits. The host trusts the daemon; the daemon trusts the host only
-// as far as the calls it has in flight there (a request names the call it belongs to, and the
-// daemon acts as that call's tool, never as a tool the host names).
+// that creates the thing: calls by the daemon, operations ("op") by the host. A message that does
+// not parse or has the wrong shape is a protocol error: the daemon kills the host, the host exits.
+// The host trusts the daemon; the daemon trusts the host only as far as the calls it has in flight
+// there (a request names the call it belongs to, and the daemon acts as that call's tool, never as
+// a tool the host names).
 //
 // Daemon -> host
 //   hello       {t, config: RuntimeConfig, daemonPid, slot, logLevel}       first, exactly once
 //   call        {t, id, revision, tool?: Tool, arguments, mode: "retained" | "disposable",
-//                limits: CallLimits, invocation}
+//                limits: CallLimits, invocation, settings?: {revision, values: object}}
 //               `tool` is sent the first time this host sees the revision (the host caches it
 //               until `forget`); the answer is `result` {id}.
 //   cancel      {t, id}             terminal cancellation of call `id` (answered by its result,

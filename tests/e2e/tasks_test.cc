@@ -564,6 +564,61 @@ TEST_CASE("tasks: kill -9 during commits leaves every committed chain linked",
   }
 }
 
+TEST_CASE("tasks: a tool reads its settings as ctx.settings, those its task pinned when it has one",
+          "[e2e][tasks]") {
+  auto daemon = DaemonProcess::start();
+  RawClient client(daemon->socket());
+  // Reads ctx.settings, tries to change it, and counts its calls (one retained sandbox).
+  auto reader = manifest("weather", R"(let calls = 0;
+    export default async (args, ctx) => {
+      let changed = 'no';
+      try { ctx.settings.unit = 'K'; changed = 'yes'; } catch (e) { changed = e.name; }
+      try { ctx.settings.nested.list.push(3); changed += ' yes'; } catch (e) { changed += ' ' + e.name; }
+      return {settings: ctx.settings, changed, calls: ++calls};
+    })");
+  const std::string revision = installActive(client, reader);
+  auto run = [&](std::optional<std::string> taskId = std::nullopt) {
+    json::object params{{"name", "weather"}, {"arguments", json::object{{"city", "Oslo"}}}};
+    if (taskId) params["taskId"] = *taskId;
+    return resultOf(client.call("tools.call", params));
+  };
+  auto unconfigured = run();
+  CHECK(unconfigured.at("result").at("settings").is_null());
+  CHECK_FALSE(unconfigured.contains("settingsRevision"));
+
+  auto configure = [&](const char* unit) {
+    return str(
+        resultOf(client.call(
+                     "tools.configure",
+                     json::object{
+                         {"name", "weather"},
+                         {"revision", revision},
+                         {"settings", json::object{{"unit", unit},
+                                                   {"nested", json::parse(R"({"list":[1,2]})")}}}}))
+            .at("settingsRevision"));
+  };
+  const std::string celsius = configure("C");
+  auto pinned = append(client, json::array{callDraft("weather", json::object{{"city", "Oslo"}})});
+  REQUIRE(pinned[0].at("call").at("settingsRevision") == json::value(celsius));
+
+  auto first = run();
+  CHECK(first.at("result").at("settings") ==
+        json::parse(R"({"unit":"C","nested":{"list":[1,2]}})"));
+  CHECK(first.at("result").at("changed") == "TypeError TypeError");  // frozen all the way down
+  CHECK(first.at("settingsRevision") == json::value(celsius));
+  // Configured again: the next call of the same sandbox sees the new values.
+  const std::string kelvin = configure("K");
+  auto second = run();
+  CHECK(second.at("result").at("settings").at("unit") == "K");
+  CHECK(second.at("result").at("calls") == 3);
+  CHECK(second.at("settingsRevision") == json::value(kelvin));
+  // The task runs as recorded, with the settings it was compiled with.
+  auto replayed = run(idOf(pinned[0]));
+  CHECK(replayed.at("result").at("settings").at("unit") == "C");
+  CHECK(replayed.at("settingsRevision") == json::value(celsius));
+  CHECK(run().at("result").at("settings").at("unit") == "K");
+}
+
 TEST_CASE("tasks: tools.call takes as taskId only a function call of the revision it runs",
           "[e2e][tasks]") {
   auto daemon = DaemonProcess::start();

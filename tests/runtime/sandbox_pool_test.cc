@@ -249,7 +249,7 @@ TEST_CASE("ctx offers exactly its doors, frozen, and denies what policy has not 
   CHECK(
       r.at("keys") ==
       json::parse(
-          R"(["createSubtasksResult","fetch","popup","resolveInvocation","secret","storage","tool"])"));
+          R"(["createSubtasksResult","fetch","popup","resolveInvocation","secret","settings","storage","tool"])"));
   CHECK(r.at("storageKeys") == json::parse(R"(["delete","get","list","set"])"));
   CHECK(r.at("frozen") == json::parse("[true,true,true]"));
   for (const char* door : {"fetch", "ctxFetch", "popup", "secret", "storage", "storageSet"}) {

@@ -140,9 +140,39 @@ void registerToolMethods(MethodTable& methods, ToolServices services) {
       RoleSet{Role::admin},
       paramsWith(json::object{{"manifest", registry::Registry::manifestSchema()}}, {"manifest"}),
       schema(R"({"type":"object","required":["revision","name","created"]})"),
-      [&registry, &disk](CallContext&, json::object params) -> asio::awaitable<MethodResult> {
-        auto outcome =
-            co_await disk.run([&] { return registry.install(params.at("manifest").as_object()); });
+      [&registry, &disk, sandboxes = services.sandboxes](
+          CallContext&, json::object params) -> asio::awaitable<MethodResult> {
+        const json::object& manifest = params.at("manifest").as_object();
+        // Source that cannot run is refused now, not at its first call: its modules are
+        // compiled and linked (imports resolved, no top-level await; none of its code runs) in
+        // a sandbox of their own, under the manifest's limits. A stored manifest is not again.
+        if (sandboxes != nullptr) {
+          auto preview = co_await disk.run([&] { return registry.preview(manifest); });
+          if (!preview) co_return toRpcError(preview.error());
+          if (*preview && (**preview)->executionClass == registry::ExecutionClass::sandboxedCode) {
+            const registry::ToolRevisionPtr tool = **preview;
+            runtime::CallOptions options;
+            options.mode = runtime::CallOptions::Mode::disposable;
+            options.checkOnly = true;
+            auto checked = co_await sandboxes->call(tool, {}, std::move(options));
+            if (!checked.result) {
+              if (checked.result.error().code == runtime::CallErrc::invalidModule) {
+                co_return toRpcError(
+                    registry::RegistryError{RegistryErrc::invalidDefinition,
+                                            "manifest/execution: " + checked.result.error().detail +
+                                                "; nothing was installed"});
+              }
+              auto answer = answerFor(std::move(checked), *tool, {}, sandboxes->config());
+              protocol::RpcError error = answer.has_error() ? answer.error() : protocol::RpcError{};
+              error.detail =
+                  "nothing was installed: compiling the tool's modules failed: " + error.detail;
+              error.extra.erase("revision");
+              error.extra.erase("usage");
+              co_return error;
+            }
+          }
+        }
+        auto outcome = co_await disk.run([&] { return registry.install(manifest); });
         if (!outcome) co_return toRpcError(outcome.error());
         co_return json::value(json::object{
             {"revision", outcome->revision}, {"name", outcome->name}, {"created", outcome->created}});

@@ -279,7 +279,7 @@ Result<ToolRevisionPtr> Registry::getActive(const std::string& name) {
   return getRevision(binding->revision, name);
 }
 
-Result<InstallOutcome> Registry::install(const json::object& manifest) {
+Result<Registry::Checked> Registry::checkInstall(const json::object& manifest) {
   // A manifest stored already (valid when it was installed, perhaps under rules tightened since)
   // answers as it always did: nothing to write, so a deploy script that installs again works.
   // Built-in tools' manifests are stored too, but are never installed.
@@ -297,7 +297,7 @@ Result<InstallOutcome> Registry::install(const json::object& manifest) {
       auto stored =
           store_.read([&](store::ReadTxn& txn) { return txn.contains(manifests_, revision); });
       if (stored && *stored) {
-        return InstallOutcome{std::move(revision), std::string(name->get_string()), false};
+        return Checked{{}, std::move(revision), std::string(name->get_string()), true};
       }
     }
   }
@@ -321,11 +321,30 @@ Result<InstallOutcome> Registry::install(const json::object& manifest) {
     }
   }
   std::string revision = protocol::contentHashOfCanonical(protocol::domain::kToolManifest, *canonical);
+  return Checked{std::move(*canonical), std::move(revision), std::move(name), false};
+}
+
+Result<std::optional<ToolRevisionPtr>> Registry::preview(const json::object& manifest) {
+  auto checked = checkInstall(manifest);
+  if (!checked) return checked.error();
+  if (checked->stored) return std::optional<ToolRevisionPtr>();
+  auto tool = build(checked->revision, manifest, "");
+  if (!tool) return tool.error();
+  return std::optional(std::move(*tool));
+}
+
+Result<InstallOutcome> Registry::install(const json::object& manifest) {
+  auto checked = checkInstall(manifest);
+  if (!checked) return checked.error();
+  if (checked->stored) return InstallOutcome{checked->revision, checked->name, false};
+  const std::string& canonical = checked->canonical;
+  const std::string& revision = checked->revision;
+  const std::string& name = checked->name;
   std::string installedAt = protocol::formatTime(std::chrono::system_clock::now());
   bool created = false;
   auto written = store_.write([&](store::WriteTxn& txn) -> boost::system::result<void> {
     if (txn.contains(manifests_, revision)) return {};  // same manifest: nothing to write
-    txn.put(manifests_, revision, *canonical);
+    txn.put(manifests_, revision, canonical);
     txn.put(revisions_, revision,
             protocol::writeJson(json::object{{"name", name}, {"installedAt", installedAt}}));
     txn.put(history_, store::compositeKey({name, revision}), installedAt);

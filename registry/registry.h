@@ -103,6 +103,10 @@ class Registry {
   // Validates and stores a manifest; the revision is the content hash of the manifest exactly as
   // submitted. Refuses trusted-native manifests and names of built-in tools.
   Result<InstallOutcome> install(const boost::json::object& manifest);
+  // What install() would store, as the revision it would be (not stored, not cached, its
+  // installedAt empty), or nothing when the manifest is stored already; install()'s refusals.
+  // For checks a revision must pass before it is stored.
+  Result<std::optional<ToolRevisionPtr>> preview(const boost::json::object& manifest);
 
   // Registers a built-in tool, binding its name to it. Unchanged natives write nothing.
   Result<InstallOutcome> registerNative(NativeTool tool);
@@ -150,6 +154,14 @@ class Registry {
   Result<ToolRevisionPtr> build(const std::string& revision, boost::json::object manifest,
                                 std::string installedAt);
   void bindingsWritten();  // after a write transaction that may have moved a binding
+  // install()'s checks: the canonical manifest, its revision and name, or that it is stored.
+  struct Checked {
+    std::string canonical;
+    std::string revision;
+    std::string name;
+    bool stored = false;  // nothing else is set but revision and name
+  };
+  Result<Checked> checkInstall(const boost::json::object& manifest);
   // The store's own secret that salts settings documents, made on first use.
   Result<std::string> settingsSaltKey();
 

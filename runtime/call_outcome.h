@@ -70,6 +70,10 @@ struct CallOptions {
   // and their settings revision, by which a sandbox keeps the values it made from them.
   std::string settingsRevision;
   std::shared_ptr<const boost::json::object> settings;
+  // Only compile and link the tool's modules (imports resolved, no top-level await): no tool
+  // code runs, and the call's value is null. How tools.install checks a source before storing
+  // it; use with Mode::disposable.
+  bool checkOnly = false;
 
   // For whoever hosts a SandboxPool (the sandbox host process); it reaches neither JavaScript
   // nor the CapabilityHost: a number of the caller's choosing that SandboxPool::stalled() reports.

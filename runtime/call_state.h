@@ -55,6 +55,7 @@ struct CallState {
   boost::json::object invocation;
   std::string settingsRevision;                         // CallOptions'
   std::shared_ptr<const boost::json::object> settings;  // CallOptions'
+  bool checkOnly = false;                               // CallOptions'
   CapabilityHost* host = nullptr;
   std::size_t maxResultDepth = 128;
   std::size_t maxLogBytes = 64 * 1024;

@@ -1465,6 +1465,7 @@ asio::awaitable<CallOutcome> ProcessSandboxPool::call(registry::ToolRevisionPtr 
       {"limits", ipc::limitsToJson(options.limits)}};
   message.emplace("arguments", std::move(arguments));
   message.emplace("invocation", std::move(options.invocation));
+  if (options.checkOnly) message.emplace("checkOnly", true);
   if (options.settings != nullptr) {
     message.emplace("settings", json::object{{"revision", options.settingsRevision},
                                              {"values", *options.settings}});

@@ -313,6 +313,11 @@ void Sandbox::beginCall(std::shared_ptr<CallState> call) {
 
 Sandbox::Step Sandbox::start(const json::object& arguments) {
   return segment([&](JsScope& js) -> Step {
+    if (js.call.checkOnly) {  // runs nothing of the tool
+      if (auto error = loadModule(js, false)) return Step{Progress::failed, std::move(error)};
+      result_ = Result(json::value(nullptr));
+      return Step{Progress::settled, {}};
+    }
     if (main_.IsEmpty()) {
       if (auto error = loadModule(js)) return Step{Progress::failed, std::move(error)};
     }
@@ -603,7 +608,7 @@ CallError Sandbox::compileError(JsScope& js, v8::TryCatch& tryCatch, const std::
   return error;
 }
 
-std::optional<CallError> Sandbox::loadModule(JsScope& js) {
+std::optional<CallError> Sandbox::loadModule(JsScope& js, bool evaluate) {
   auto invalid = [](std::string detail) {
     return CallError{CallErrc::invalidModule, std::move(detail), {}};
   };
@@ -701,6 +706,10 @@ std::optional<CallError> Sandbox::loadModule(JsScope& js) {
     return invalid(where +
                    " uses top-level await, which tools cannot: await inside the default "
                    "export instead");
+  }
+  if (!evaluate) {
+    modules_.clear();
+    return std::nullopt;
   }
   // A kill recorded while the modules compiled or linked (the near-heap-limit callback terminates
   // at once, past the watchdog's hold) would still be pending when Evaluate begins, where V8 10.2

@@ -122,7 +122,8 @@ class Sandbox {
   template <typename Body>
   auto segment(Body&& body) -> decltype(body(std::declval<JsScope&>()));
 
-  std::optional<CallError> loadModule(JsScope& js);
+  // Compiles and links the tool's modules, then (unless only checking) evaluates them.
+  std::optional<CallError> loadModule(JsScope& js, bool evaluate = true);
   v8::MaybeLocal<v8::Module> compileModule(JsScope& js, const std::string& name,
                                            const std::string& source);
   static v8::MaybeLocal<v8::Module> resolveModule(v8::Local<v8::Context> context,

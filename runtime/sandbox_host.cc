@@ -320,6 +320,10 @@ class HostSide {
       options.settings =
           std::make_shared<const json::object>(std::move(settings["values"].get_object()));
     }
+    if (const auto* check = message.if_contains("checkOnly")) {
+      if (!check->is_bool()) throw ipc::ProtocolError("checkOnly is not a boolean");
+      options.checkOnly = check->get_bool();
+    }
     options.tag = id;
     ipc::objectField(message, "arguments");  // checked here, taken below
     {

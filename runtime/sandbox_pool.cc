@@ -549,6 +549,7 @@ std::variant<CallOutcome, std::shared_ptr<CallJob>> SandboxPool::Impl::admit(
   call.tool = tool;
   call.limits = limits;
   call.invocation = std::move(options.invocation);
+  call.checkOnly = options.checkOnly;
   if (options.settings != nullptr) {
     call.settingsRevision = std::move(options.settingsRevision);
     call.settings = std::move(options.settings);

@@ -14,7 +14,8 @@
 // Daemon -> host
 //   hello       {t, config: RuntimeConfig, daemonPid, slot, logLevel}       first, exactly once
 //   call        {t, id, revision, tool?: Tool, arguments, mode: "retained" | "disposable",
-//                limits: CallLimits, invocation, settings?: {revision, values: object}}
+//                limits: CallLimits, invocation, settings?: {revision, values: object},
+//                checkOnly?: bool}
 //               `tool` is sent the first time this host sees the revision (the host caches it
 //               until `forget`); the answer is `result` {id}.
 //   cancel      {t, id}             terminal cancellation of call `id` (answered by its result,

@@ -149,6 +149,54 @@ TEST_CASE("every install refusal names the field and the reason", "[e2e][tools]"
   CHECK(errorCode(client.call("tools.history", json::object{{"name", "never-installed"}})) == -32001);
 }
 
+TEST_CASE("install refuses source that cannot load, without running any of it", "[e2e][tools]") {
+  auto daemon = DaemonProcess::start();
+  RawClient client(daemon->socket());
+  auto install = [&](json::object m) {
+    return client.call("tools.install", json::object{{"manifest", std::move(m)}});
+  };
+  auto withModules = [](std::string_view source, json::object modules) {
+    auto m = manifest("loader", source);
+    m["execution"].as_object()["modules"] = std::move(modules);
+    return m;
+  };
+  struct Refused {
+    json::object manifest;
+    const char* expected;
+  };
+  for (auto& [m, expected] : std::vector<Refused>{
+           {manifest("loader", "export default async (a) => { a +"), "(source.js:1)"},
+           {withModules("import {f} from './lib.js'; export default f;",
+                        json::object{{"lib.js", "export const f = ("}}),
+            "module lib.js does not compile"},
+           {manifest("loader", "import x from './missing.js'; export default x;"),
+            R"(imports "./missing.js", which is not one of this revision's modules)"},
+           {withModules("import './wait.js'; export default async () => 1;",
+                        json::object{{"wait.js", "await 1;"}}),
+            "wait.js uses top-level await"}}) {
+    INFO(expected);
+    auto response = install(m);
+    CHECK(errorCode(response) == -32011);
+    CHECK_THAT(errorDetail(response),
+               Catch::Contains(expected) && Catch::Contains("nothing was installed"));
+  }
+  CHECK(errorCode(client.call("tools.history", json::object{{"name", "loader"}})) == -32001);
+
+  // Only compiled: a module whose code never ends, or throws, installs (its first call says so).
+  auto spins = manifest("spins", "for (;;) {} export default async () => 1;");
+  spins["limits"] = json::object{{"wallMs", 500}};
+  const auto revision = resultOf(install(spins)).at("revision");
+  resultOf(client.call("tools.activate", json::object{{"name", "spins"}, {"revision", revision}}));
+  CHECK(errorCode(client.call("tools.call",
+                              json::object{{"name", "spins"},
+                                           {"arguments", json::object{{"city", "x"}}}})) == -32004);
+  CHECK(resultOf(install(manifest("throws",
+                                  "throw new Error('at load'); export default async () => 1;")))
+            .at("created") == true);
+  // Installing a stored manifest again answers as before, without a check.
+  CHECK(resultOf(install(spins)).at("created") == false);
+}
+
 TEST_CASE("built-in tools are registered, callable and pinned", "[e2e][tools]") {
   auto daemon = DaemonProcess::start();
   RawClient client(daemon->socket());

@@ -329,7 +329,7 @@ int run(const daemon::Config& config, const daemon::CommandLine& commandLine) {
   daemon::registerPopupMethods(methods, popups);
   daemon::registerSandboxMethods(methods, sandboxes);
   daemon::registerTaskMethods(methods, taskStore, disk, lineageReads);
-  daemon::registerStorageMethods(methods, toolStorage, disk);
+  daemon::registerStorageMethods(methods, toolStorage, registry, disk);
   daemon::registerPolicyMethods(
       methods, daemon::PolicyServices{registry, decisions, approvals, audit, disk, configs});
   daemon::registerSecretMethods(methods, daemon::SecretServices{registry, **vault, audit, disk, configs});

@@ -23,13 +23,26 @@ MethodResult failure(const registry::StorageError& error) {
   return protocol::makeError(protocol::rpc_error::kInternalError, "storage-failed", error.detail);
 }
 
+// A name that keeps nothing and that no revision ever had is most likely mistyped: said so,
+// rather than answered as an empty store.
+std::optional<MethodResult> unknownTool(registry::Registry& registry, const std::string& name) {
+  auto history = registry.history(name);
+  if (history && !history->empty()) return std::nullopt;
+  if (!history && history.error().code != registry::RegistryErrc::notFound) return std::nullopt;
+  return appError(app_error::kNotFound, "not-found",
+                  "no tool named " + name +
+                      " was ever installed; storage.list without a tool names those that "
+                      "keep something");
+}
+
 json::object usageJson(const registry::StorageUsage& usage) {
   return json::object{{"keys", usage.keys}, {"bytes", usage.bytes}};
 }
 
 }  // namespace
 
-void registerStorageMethods(MethodTable& methods, registry::ToolStorage& storage, DiskThread& disk) {
+void registerStorageMethods(MethodTable& methods, registry::ToolStorage& storage,
+                            registry::Registry& registry, DiskThread& disk) {
   methods.add(MethodSpec{
       "storage.list",
       "What tools keep with ctx.storage. Without `tool`: every tool name that stores something, "
@@ -40,11 +53,14 @@ void registerStorageMethods(MethodTable& methods, registry::ToolStorage& storage
       json::parse(R"({"type":"object","properties":{"tools":{"type":"array"},
                       "tool":{"type":"string"},"keys":{"type":"integer"},
                       "bytes":{"type":"integer"},"entries":{"type":"array"}}})"),
-      [&storage](CallContext&, json::object params) -> asio::awaitable<MethodResult> {
+      [&storage, &registry](CallContext&, json::object params) -> asio::awaitable<MethodResult> {
         if (const auto* tool = params.if_contains("tool")) {
           const std::string name(tool->as_string());
           auto entries = storage.entries(name);
           if (!entries) co_return failure(entries.error());
+          if (entries->empty()) {
+            if (auto unknown = unknownTool(registry, name)) co_return std::move(*unknown);
+          }
           json::array list;
           registry::StorageUsage usage;
           for (const auto& entry : *entries) {
@@ -75,9 +91,14 @@ void registerStorageMethods(MethodTable& methods, registry::ToolStorage& storage
                       "properties":{"tool":{"type":"string","minLength":1,"maxLength":64},
                                     "key":{"type":"string","minLength":1}}})"),
       json::parse(R"({"type":"object","required":["found"]})"),
-      [&storage](CallContext&, json::object params) -> asio::awaitable<MethodResult> {
+      [&storage, &registry](CallContext&, json::object params) -> asio::awaitable<MethodResult> {
         auto value = storage.get(params.at("tool").as_string(), params.at("key").as_string());
         if (!value) co_return failure(value.error());
+        if (!*value) {
+          if (auto unknown = unknownTool(registry, std::string(params.at("tool").as_string()))) {
+            co_return std::move(*unknown);
+          }
+        }
         json::object out{{"found", value->has_value()}};
         if (*value) out["value"] = std::move(**value);
         co_return json::value(std::move(out));
@@ -91,10 +112,14 @@ void registerStorageMethods(MethodTable& methods, registry::ToolStorage& storage
       json::parse(R"({"type":"object","additionalProperties":false,"required":["tool"],
                       "properties":{"tool":{"type":"string","minLength":1,"maxLength":64}}})"),
       json::parse(R"({"type":"object","required":["tool","keys","bytes"]})"),
-      [&storage, &disk](CallContext&, json::object params) -> asio::awaitable<MethodResult> {
+      [&storage, &registry, &disk](CallContext&,
+                                   json::object params) -> asio::awaitable<MethodResult> {
         const std::string name(params.at("tool").as_string());
         auto removed = co_await disk.run([&] { return storage.clear(name); });
         if (!removed) co_return failure(removed.error());
+        if (removed->keys == 0) {
+          if (auto unknown = unknownTool(registry, name)) co_return std::move(*unknown);
+        }
         json::object out = usageJson(*removed);
         out["tool"] = name;
         co_return json::value(std::move(out));

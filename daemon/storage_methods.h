@@ -6,10 +6,13 @@
 
 #include "daemon/disk_thread.h"
 #include "daemon/method_table.h"
+#include "registry/registry.h"
 #include "registry/tool_storage.h"
 
 namespace toolhost::daemon {
 
-void registerStorageMethods(MethodTable& methods, registry::ToolStorage& storage, DiskThread& disk);
+// `registry` tells a name no tool ever had (a typo) from one that keeps nothing.
+void registerStorageMethods(MethodTable& methods, registry::ToolStorage& storage,
+                            registry::Registry& registry, DiskThread& disk);
 
 }  // namespace toolhost::daemon

@@ -144,6 +144,21 @@ TEST_CASE("ctx.storage keeps values per tool name across calls, sandboxes, revis
   CHECK(callTool(client, "other-counter").at("n") == 3);
   auto badName = client.call("storage.clear", json::object{{"tool", "Not A Name"}});
   CHECK(badName.at("error").at("code") == -32602);
+  // A name no tool ever had (a typo) is not found, rather than an empty store.
+  for (const auto& [method, params] :
+       {std::pair{"storage.get", json::object{{"tool", "countr"}, {"key", "n"}}},
+        std::pair{"storage.list", json::object{{"tool", "countr"}}},
+        std::pair{"storage.clear", json::object{{"tool", "countr"}}}}) {
+    INFO(method);
+    auto typo = client.call(method, params);
+    CHECK(typo.at("error").at("code") == -32001);
+    CHECK_THAT(std::string(typo.at("error").at("data").at("detail").as_string()),
+               Catch::Contains("no tool named countr was ever installed"));
+  }
+  // A tool that keeps nothing now is still found.
+  resultOf(client.call("storage.clear", json::object{{"tool", "counter"}}));
+  CHECK(resultOf(client.call("storage.clear", json::object{{"tool", "counter"}})).at("keys") == 0);
+  CHECK(resultOf(client.call("storage.list", json::object{{"tool", "counter"}})).at("keys") == 0);
 }
 
 TEST_CASE("ctx.storage: values, missing keys, delete, and many operations at once",

@@ -266,6 +266,15 @@ Result<std::string> validateManifest(const json::object& manifest, const Registr
 
 std::set<std::string> requestedCapabilities(const json::object& manifest) {
   std::set<std::string> out;
+  // An external-service tool reaches its endpoint: what policy authorizes as `invoke`.
+  if (const auto* execution = manifest.if_contains("execution");
+      execution && execution->is_object()) {
+    if (const auto* endpoint = execution->as_object().if_contains("endpoint");
+        endpoint && endpoint->is_string() &&
+        executionClassOf(manifest) == ExecutionClass::externalService) {
+      out.insert("invoke " + std::string(endpoint->as_string()));
+    }
+  }
   const auto* capabilities = manifest.if_contains("capabilities");
   if (capabilities == nullptr || !capabilities->is_object()) return out;
   const auto& caps = capabilities->as_object();

@@ -438,8 +438,11 @@ Result<ActivateOutcome> Registry::activate(const std::string& name, const std::s
     outcome.changes = previous ? describeChanges((*previous)->manifest, (*target)->manifest)
                                : json::object{{"unknown", "the previous revision could not be read"}};
   } else {
-    outcome.changes = describeChanges(json::object{{"execution", (*target)->manifest.at("execution")}},
-                                      (*target)->manifest);
+    // From nothing: every capability the revision requests is added (its endpoint too).
+    const auto& execution = (*target)->manifest.at("execution").as_object();
+    outcome.changes =
+        describeChanges(json::object{{"execution", json::object{{"class", execution.at("class")}}}},
+                        (*target)->manifest);
   }
   if (outcome.changed) {
     spdlog::info("activated {} at {}{}", name, revision,

@@ -197,6 +197,31 @@ TEST_CASE("install refuses source that cannot load, without running any of it", 
   CHECK(resultOf(install(spins)).at("created") == false);
 }
 
+TEST_CASE("activation lists an external service's endpoint among what changed", "[e2e][tools]") {
+  auto daemon = DaemonProcess::start();
+  RawClient client(daemon->socket());
+  auto activate = [&](const char* endpoint, bool replace) {
+    json::object m{
+        {"name", "remote"},
+        {"description", "an external service"},
+        {"parameters", json::parse(R"({"type":"object"})")},
+        {"execution", json::object{{"class", "external-service"}, {"endpoint", endpoint}}}};
+    auto revision =
+        resultOf(client.call("tools.install", json::object{{"manifest", m}})).at("revision");
+    return resultOf(client.call("tools.activate", json::object{{"name", "remote"},
+                                                               {"revision", revision},
+                                                               {"replace", replace}}))
+        .at("changes")
+        .at("capabilities");
+  };
+  CHECK(activate("https://a.example/rpc", false) ==
+        json::parse(R"({"added":["invoke https://a.example/rpc"],"removed":[]})"));
+  CHECK(
+      activate("https://b.example/rpc", true) ==
+      json::parse(
+          R"({"added":["invoke https://b.example/rpc"],"removed":["invoke https://a.example/rpc"]})"));
+}
+
 TEST_CASE("built-in tools are registered, callable and pinned", "[e2e][tools]") {
   auto daemon = DaemonProcess::start();
   RawClient client(daemon->socket());

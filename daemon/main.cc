@@ -272,6 +272,9 @@ int run(const daemon::Config& config, const daemon::CommandLine& commandLine) {
   // A lineage definition's first call reads it and compiles its parameters: off the I/O threads,
   // and off the argument checks, which other calls would wait behind.
   daemon::DiskThread definitionBuilds;
+  // Request lines of hundreds of KiB and more are parsed here, not on the I/O threads: one
+  // client's megabytes of JSON would hold up every connection for as long as they take.
+  daemon::DiskThread requestParses;
 
   // Sandboxed JavaScript: V8 workers, retained sandboxes, the watchdog. The pool is destroyed
   // first (its calls end and abort their operations), then the capability host, then the
@@ -336,6 +339,7 @@ int run(const daemon::Config& config, const daemon::CommandLine& commandLine) {
   daemon::Dispatcher dispatcher(methods);
 
   daemon::Server server(io, configs, dispatcher);
+  server.decodeLargeOn(&requestParses);
   facts.connectionCount = [&server] { return server.connectionCount(); };
   facts.healthChecks.push_back(daemon::HealthCheck{
       "socket", [&server] {
@@ -381,6 +385,7 @@ int run(const daemon::Config& config, const daemon::CommandLine& commandLine) {
   lineageReads.stop();
   argumentChecks.stop();
   definitionBuilds.stop();
+  requestParses.stop();
   return 0;
 }
 

@@ -419,6 +419,7 @@ void Server::startSession(stream_protocol::socket socket) {
                 fmt::join(roles.names(), ","));
   auto session = std::make_shared<Session>(std::move(socket), id, peer, roles, dispatcher_,
                                            config->limits);
+  session->decodeLargeOn(largeDecodes_);
   {
     std::lock_guard lock(mutex_);
     sessions_.emplace(id, session);

@@ -62,6 +62,9 @@ class Server {
   // nothing while they can. Any thread.
   std::optional<std::string> socketProblem() const;
 
+  // Where sessions parse large lines (Session::decodeLargeOn). Set before start().
+  void decodeLargeOn(DiskThread* thread) { largeDecodes_ = thread; }
+
   // Stops accepting, lets sessions finish what is in flight for up to `grace`, then aborts the
   // rest. Completes when every session has ended. Sessions serving others (popup hosts,
   // approvers) keep reading until all the others have ended.
@@ -95,6 +98,7 @@ class Server {
   std::shared_ptr<const Config> startup_;  // socket path and group: a restart changes them
   std::filesystem::path socketPath_;
   Dispatcher& dispatcher_;
+  DiskThread* largeDecodes_ = nullptr;
   boost::asio::strand<boost::asio::io_context::executor_type> acceptStrand_;
   // The sockets listening: the first (from listen() or systemd), then those made since, oldest
   // first, each with its file's device and inode (0 when unknown). Accept strand once started.

@@ -196,7 +196,7 @@ asio::awaitable<void> Session::readLoop() {
         stopReading_ = true;
         co_return;
       }
-      auto decoded = protocol::decodeMessage(line, limits_);
+      auto decoded = co_await decode(line);
       // A cancel notification takes no slot and gets no answer: served even when the connection
       // is full, so that a client can still stop what it waits for.
       if (isCancelNotification(decoded)) {
@@ -241,7 +241,7 @@ asio::awaitable<void> Session::readLoop() {
           stopReading_ = true;  // serve what is buffered, then stop
           std::string_view last;
           while (framer_.next(last) == protocol::LineFramer::Status::line) {
-            auto decoded = protocol::decodeMessage(last, limits_);
+            auto decoded = co_await decode(last);
             const std::size_t slots = slotsFor(decoded);
             while (!roomFor(slots) && !peerGone_ && !aborted_) {
               watchHangup();
@@ -260,6 +260,21 @@ asio::awaitable<void> Session::readLoop() {
       stopReading_ = true;
       co_return;
     }
+  }
+}
+
+asio::awaitable<Session::Decoded> Session::decode(std::string_view line) {
+  if (largeDecodes_ == nullptr || line.size() < kInlineDecodeBytes) {
+    co_return protocol::decodeMessage(line, limits_);
+  }
+  // `line` stays put meanwhile: only this coroutine reads the framer.
+  try {
+    co_return co_await largeDecodes_->run([&] { return protocol::decodeMessage(line, limits_); });
+  } catch (const boost::system::system_error&) {
+    // The job was abandoned (the connection is being torn down): nothing is served from it.
+    stopReading_ = true;
+    co_return protocol::makeError(protocol::rpc_error::kInternalError, "internal",
+                                  "the request was not read: the connection is closing");
   }
 }
 
@@ -304,6 +319,10 @@ bool Session::serveCancelNotifications(const Decoded& parked) {
       parked && !parked->batch ? std::get_if<protocol::Request>(&parked->entries.front()) : nullptr;
   std::string_view next;
   while (framer_.peek(next) == protocol::LineFramer::Status::line) {
+    if (next.size() >= kInlineDecodeBytes) {  // no cancel is that long: not parsed here
+      notCancelAt_ = framer_.buffered();
+      return false;
+    }
     auto decoded = protocol::decodeMessage(next, limits_);
     const json::value* target = nullptr;
     if (isCancelNotification(decoded)) {

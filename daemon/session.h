@@ -3,6 +3,7 @@
 // outgoing queue. Public members marked thread-safe post onto that strand.
 #pragma once
 
+#include "daemon/disk_thread.h"
 #include "daemon/dispatcher.h"
 #include "daemon/roles.h"
 #include "protocol/framing.h"
@@ -33,6 +34,12 @@ class Session : public std::enable_shared_from_this<Session> {
   Session(Socket socket, std::uint64_t id, PeerCredentials peer, RoleSet roles,
           Dispatcher& dispatcher, const protocol::WireLimits& limits);
   ~Session();
+
+  // Lines of at least kInlineDecodeBytes are parsed on `thread` instead of the I/O thread, where
+  // parsing megabytes (seconds, for millions of small values) would hold up every connection.
+  // Set before run(); without it, every line is parsed where it is read.
+  void decodeLargeOn(DiskThread* thread) { largeDecodes_ = thread; }
+  static constexpr std::size_t kInlineDecodeBytes = 256 * 1024;
 
   // Serves the connection until it ends. Must be spawned on the socket's executor (a strand).
   boost::asio::awaitable<void> run();
@@ -104,6 +111,8 @@ class Session : public std::enable_shared_from_this<Session> {
   };
 
   boost::asio::awaitable<void> readLoop();
+  // One line decoded: where it is read, or on largeDecodes_ when it is large.
+  boost::asio::awaitable<Decoded> decode(std::string_view line);
   boost::asio::awaitable<void> writeLoop(std::shared_ptr<Session> self);
   // idText: the request's id as JSON text (its key in requestKeysById_), if it has one.
   boost::asio::awaitable<void> serveRequest(std::shared_ptr<Session> self, protocol::Request request,
@@ -154,6 +163,7 @@ class Session : public std::enable_shared_from_this<Session> {
   RoleSet roles_;
   Dispatcher& dispatcher_;
   protocol::WireLimits limits_;
+  DiskThread* largeDecodes_ = nullptr;
   protocol::LineFramer framer_;
   LogBudget logBudget_;  // lines about this connection's bad input and failed requests
 

@@ -127,6 +127,16 @@ int run(const daemon::Config& config, const daemon::CommandLine& commandLine) {
     spdlog::critical("another daemon is already listening on {}", config.socketPath.string());
     return 1;
   }
+  // So does one whose socket path holds something else (listening would refuse to replace it).
+  if (struct stat existing{}; !systemd->socketActivated() && !commandLine.forgetSecrets &&
+                              ::lstat(config.socketPath.c_str(), &existing) == 0 &&
+                              !S_ISSOCK(existing.st_mode)) {
+    spdlog::critical(
+        "{} exists and is not a socket; refusing to replace it (move it, or set "
+        "another [server] socket)",
+        config.socketPath.string());
+    return 1;
+  }
 
   // A state directory another user controls would let them plant the database and the secrets
   // key, or read them. Directories made here are private; one that exists keeps its mode (it may

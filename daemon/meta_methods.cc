@@ -82,6 +82,7 @@ void registerMetaMethods(MethodTable& methods, const DaemonFacts& facts) {
                             {"maxDepth", wire.maxDepth},
                             {"maxBatch", wire.maxBatch},
                             {"maxInFlight", wire.maxInFlight},
+                            {"maxConnections", config.maxConnections},
                             {"shutdownGraceMs", config.shutdownGrace.count()}};
         json::object info{{"name", "toolhost"},
                           {"version", facts.version},

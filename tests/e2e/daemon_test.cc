@@ -215,6 +215,16 @@ TEST_CASE("a stale socket is replaced, a live one stops a second daemon", "[e2e]
   CHECK(client.call("ping").contains("result"));
   RawClient again(socket);
   CHECK(again.call("ping").contains("result"));
+
+  // A path that holds something else is left alone, and no state directory is made either.
+  const auto file = dir.path() / "not-a-socket";
+  { std::ofstream(file) << "keep me"; }
+  DaemonOptions onFile;
+  onFile.socketPath = file;
+  onFile.stateDir = dir.path() / "file-state";
+  checkStartRefused(onFile, "exists and is not a socket");
+  CHECK_FALSE(fs::exists(dir.path() / "file-state"));
+  CHECK(fs::file_size(file) == 7);
 }
 
 TEST_CASE("a listener that accepts nobody still stops a second daemon at once", "[e2e][daemon]") {
@@ -429,6 +439,7 @@ TEST_CASE("daemon.info, daemon.health and rpc.discover", "[e2e][daemon]") {
   CHECK(info.at("caller").at("roles").as_array() == json::array{"admin"});
   CHECK(info.at("limits").at("maxMessageBytes") == 8 * 1024 * 1024);
   CHECK(info.at("limits").at("maxDepth") == 128);
+  CHECK(info.at("limits").at("maxConnections") == 256);
   CHECK(info.at("uptimeMs").as_int64() >= 0);
 
   auto health = client.call("daemon.health").at("result").as_object();

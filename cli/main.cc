@@ -144,6 +144,18 @@ int callAndPrint(const std::filesystem::path& socket, const std::string& method,
   }
   const auto* result = response->if_contains("result");
   print(result ? *result : json::value(nullptr), asPretty);
+  // A secret or decision stored for what the revision's manifest does not request (a mistyped
+  // name or origin) is kept, but nothing of that revision will ever use it: said, not hidden.
+  if ((method == "secrets.set" || method == "policy.set") && result != nullptr &&
+      result->is_object()) {
+    if (const auto* requested = result->as_object().if_contains("requested");
+        requested != nullptr && *requested == false) {
+      std::fprintf(stderr,
+                   "toolhostctl: note: stored, but the revision's manifest does not request %s, "
+                   "so no call of it will use this (\"requested\": false); check the spelling\n",
+                   method == "secrets.set" ? "this secret" : "this action and target");
+    }
+  }
   return kExitResult;
 }
 

@@ -655,6 +655,14 @@ TEST_CASE("secrets: toolhostctl secrets set reads the value from stdin, never ar
   CHECK(set.out.find(kValue) == std::string::npos);
   auto stored = json::parse(set.out).as_object();
   CHECK(stored.at("allowBody") == true);
+  CHECK(set.err.find("note") == std::string::npos);
+  // A name the manifest does not request is stored, and the note says nothing will use it.
+  auto typo = runProgram({ctl, "--socket", socket, "--compact", "secrets", "set", "user", "api_kye",
+                          "--origin", s.granted.origin()},
+                         "other-value\n");
+  CHECK(typo.status == 0);
+  CHECK(json::parse(typo.out).at("requested") == false);
+  CHECK_THAT(typo.err, Catch::Contains("does not request this secret"));
   // The trailing newline was not part of the value: the body echo shows exactly the redaction.
   auto echo = echoOf(s.run(
       "user",

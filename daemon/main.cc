@@ -391,6 +391,8 @@ int run(const daemon::Config& config, const daemon::CommandLine& commandLine) {
   io.run();
   for (auto& thread : threads) thread.join();
   // After a forced stop, jobs may still be queued: they run now, while what they use is alive.
+  // Parses of large requests nobody will be answered for are skipped.
+  daemon::Session::abandonAllDecodes();
   disk.stop();
   lineageReads.stop();
   argumentChecks.stop();

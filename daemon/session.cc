@@ -181,6 +181,7 @@ asio::awaitable<void> Session::readLoop() {
   for (;;) {
     std::string_view line;
     for (;;) {
+      if (stopReading_ || peerGone_) co_return;
       auto status = framer_.next(line);
       if (status == protocol::LineFramer::Status::needMore) break;
       if (status == protocol::LineFramer::Status::tooLong) {
@@ -197,6 +198,9 @@ asio::awaitable<void> Session::readLoop() {
         co_return;
       }
       auto decoded = co_await decode(line);
+      // A large line is parsed elsewhere: the connection may have ended meanwhile. One whose
+      // shutdown began is still served what it sent before (when there is room for it).
+      if (peerGone_ || aborted_) co_return;
       // A cancel notification takes no slot and gets no answer: served even when the connection
       // is full, so that a client can still stop what it waits for.
       if (isCancelNotification(decoded)) {
@@ -221,7 +225,7 @@ asio::awaitable<void> Session::readLoop() {
       }
       stopWatchingHangup();
       stopWatchingReadable();
-      if (stopReading_ || peerGone_) co_return;
+      if (peerGone_ || aborted_ || (stopReading_ && !roomFor(slots))) co_return;
       if (!parkedCancelled) handle(std::move(decoded), slots);
       // Cancels that named what was not running yet, read while it waited.
       auto deferred = std::move(deferredCancels_);
@@ -267,9 +271,16 @@ asio::awaitable<Session::Decoded> Session::decode(std::string_view line) {
   if (largeDecodes_ == nullptr || line.size() < kInlineDecodeBytes) {
     co_return protocol::decodeMessage(line, limits_);
   }
-  // `line` stays put meanwhile: only this coroutine reads the framer.
+  // `line` stays put meanwhile: only this coroutine reads the framer. A parse still queued when
+  // the connection is aborted or gone is skipped (shutdown does not wait for it).
   try {
-    co_return co_await largeDecodes_->run([&] { return protocol::decodeMessage(line, limits_); });
+    co_return co_await largeDecodes_->run([&]() -> Decoded {
+      if (abandonDecodes_.load() || allDecodesAbandoned_.load()) {
+        return protocol::makeError(protocol::rpc_error::kInternalError, "internal",
+                                   "the request was not read: the connection is closing");
+      }
+      return protocol::decodeMessage(line, limits_);
+    });
   } catch (const boost::system::system_error&) {
     // The job was abandoned (the connection is being torn down): nothing is served from it.
     stopReading_ = true;
@@ -657,6 +668,7 @@ void Session::cancelAll() {
 void Session::peerGone() {
   if (peerGone_) return;
   peerGone_ = true;
+  abandonDecodes_ = true;
   stopReading_ = true;
   if (!requests_.empty()) {
     spdlog::debug("conn={} client gone; cancelling {} request(s)", id_, requests_.size());
@@ -707,6 +719,7 @@ void Session::abort() {
   asio::post(socket_.get_executor(), [self = shared_from_this()]() {
     self->stopReading_ = true;
     self->aborted_ = true;  // not even the last line after an EOF is served now
+    self->abandonDecodes_ = true;
     boost::system::error_code ignored;
     self->socket_.shutdown(Socket::shutdown_receive, ignored);
     self->cancelAll();

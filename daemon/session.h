@@ -40,6 +40,8 @@ class Session : public std::enable_shared_from_this<Session> {
   // Set before run(); without it, every line is parsed where it is read.
   void decodeLargeOn(DiskThread* thread) { largeDecodes_ = thread; }
   static constexpr std::size_t kInlineDecodeBytes = 256 * 1024;
+  // From now on, every session's large parses still queued are skipped (the daemon is exiting).
+  static void abandonAllDecodes() { allDecodesAbandoned_ = true; }
 
   // Serves the connection until it ends. Must be spawned on the socket's executor (a strand).
   boost::asio::awaitable<void> run();
@@ -164,6 +166,9 @@ class Session : public std::enable_shared_from_this<Session> {
   Dispatcher& dispatcher_;
   protocol::WireLimits limits_;
   DiskThread* largeDecodes_ = nullptr;
+  // Set when the connection is aborted or its client gone: large parses still queued are skipped.
+  std::atomic<bool> abandonDecodes_{false};
+  static inline std::atomic<bool> allDecodesAbandoned_{false};
   protocol::LineFramer framer_;
   LogBudget logBudget_;  // lines about this connection's bad input and failed requests
 

@@ -433,6 +433,10 @@ boost::system::result<StorePtr, OpenError> Store::open(Options options) {
     if (!dataFile) {
       return lost("missing", "restore data.mdb into " + db.string() + " from a backup");
     }
+    // Empty, LMDB would write a new database into it before the check below could refuse it.
+    if (std::filesystem::file_size(db / "data.mdb", dbError) == 0 && !dbError) {
+      return lost("missing or empty", "restore db/ from a backup");
+    }
   }
 
   if (auto err = ensureDirectory(db)) return *err;
@@ -460,24 +464,25 @@ boost::system::result<StorePtr, OpenError> Store::open(Options options) {
     }
   }
 
-  // LMDB makes its lock file at full length without allocating it, then writes it through a
-  // map: on a disk without room for it that write kills the process (SIGBUS). Made here first,
-  // with its room taken, a full disk is an error instead. LMDB keeps a longer file as it is.
-  if (!std::filesystem::exists(db / "lock.mdb", fsError) && !fsError) {
-    const int fd = ::open((db / "lock.mdb").c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    if (fd >= 0) {
-      // A reader slot takes a cache line (64 bytes); the header a few more, well under a page.
-      const auto bytes = static_cast<off_t>((options.maxReaders + 1) * 64 + 4096);
-      const int err = ::posix_fallocate(fd, 0, bytes);
-      ::close(fd);
-      if (err != 0) {
-        std::filesystem::remove(db / "lock.mdb", fsError);
-        return openErrorFromErrno(err,
-                                  "cannot make the lock file of the state database " + db.string());
-      }
-    } else if (errno != EEXIST) {
+  // LMDB extends its lock file to full length without allocating it, then writes it through a
+  // map: on a disk without room for it that write kills the process (SIGBUS). With its room
+  // taken here first (made, or an existing short or sparse one filled in; checkIfPresent found
+  // it ours, and no other process uses it while the directory is locked), a full disk is an
+  // error instead. LMDB keeps a longer file as it is.
+  {
+    const int fd =
+        ::open((db / "lock.mdb").c_str(), O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0) {
       return openErrorFromErrno(errno,
-                                "cannot make the lock file of the state database " + db.string());
+                                "cannot open the lock file of the state database " + db.string());
+    }
+    // A reader slot takes a cache line (64 bytes); the header a few more, well under a page.
+    const auto bytes = static_cast<off_t>((options.maxReaders + 1) * 64 + 4096);
+    const int err = ::posix_fallocate(fd, 0, bytes);
+    ::close(fd);
+    if (err != 0) {
+      return openErrorFromErrno(
+          err, "cannot make room for the lock file of the state database " + db.string());
     }
   }
 

@@ -166,8 +166,10 @@ TEST_CASE("a database lost after it was created is refused, not begun again") {
 
   std::string restore = "restore db/ from a backup";
   bool dbKept = true;
+  bool empty = false;
   SECTION("truncated to nothing") {
     std::filesystem::resize_file(tmp.state() / "db" / "data.mdb", 0);
+    empty = true;
   }
   SECTION("deleted with its directory") {
     std::filesystem::remove_all(tmp.state() / "db");
@@ -186,6 +188,8 @@ TEST_CASE("a database lost after it was created is refused, not begun again") {
     CHECK_THAT(refused.error().message, Catch::Contains(marker.string()));
     // Nothing is made in the lost database's place, so a backup moved back lands where it was.
     CHECK(std::filesystem::exists(tmp.state() / "db") == dbKept);
+    // Nor is anything written into an empty data file.
+    if (empty) CHECK(std::filesystem::file_size(tmp.state() / "db" / "data.mdb") == 0);
   }
   // Removing the marker is how one starts again on purpose.
   std::filesystem::remove(marker);
@@ -227,6 +231,11 @@ TEST_CASE("a database made before the marker existed gets one, and a failed firs
     std::ofstream partial(half.state() / "db" / "data.mdb", std::ios::binary);
     partial << std::string(4096, '\0');
   }
+  // An empty lock file left by a start killed before it took its room is given its room too.
+  { std::ofstream emptyLock(half.state() / "db" / "lock.mdb"); }
+  std::filesystem::permissions(
+      half.state() / "db" / "lock.mdb",
+      std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
   {
     auto store = openOrFail(options(half.state()));
     CHECK(std::filesystem::is_regular_file(half.state() / "db.created"));

@@ -146,6 +146,10 @@ void registerToolMethods(MethodTable& methods, ToolServices services) {
         // Source that cannot run is refused now, not at its first call: its modules are
         // compiled and linked (imports resolved, no top-level await; none of its code runs) in
         // a sandbox of their own, under the manifest's limits. A stored manifest is not again.
+        // When the runtime cannot check it now (busy with agents' calls, restarting a crashing
+        // host, shutting down), it is installed unchecked and the answer says so: installing a
+        // fixed revision must not wait for a healthy runtime.
+        std::optional<std::string> notChecked;
         if (sandboxes != nullptr) {
           auto preview = co_await disk.run([&] { return registry.preview(manifest); });
           if (!preview) co_return toRpcError(preview.error());
@@ -156,26 +160,45 @@ void registerToolMethods(MethodTable& methods, ToolServices services) {
             options.checkOnly = true;
             auto checked = co_await sandboxes->call(tool, {}, std::move(options));
             if (!checked.result) {
-              if (checked.result.error().code == runtime::CallErrc::invalidModule) {
+              using runtime::CallErrc;
+              const CallErrc code = checked.result.error().code;
+              if (code == CallErrc::invalidModule) {
                 co_return toRpcError(
                     registry::RegistryError{RegistryErrc::invalidDefinition,
                                             "manifest/execution: " + checked.result.error().detail +
                                                 "; nothing was installed"});
               }
-              auto answer = answerFor(std::move(checked), *tool, {}, sandboxes->config());
-              protocol::RpcError error = answer.has_error() ? answer.error() : protocol::RpcError{};
-              error.detail =
-                  "nothing was installed: compiling the tool's modules failed: " + error.detail;
-              error.extra.erase("revision");
-              error.extra.erase("usage");
-              co_return error;
+              if (code == CallErrc::timeout || code == CallErrc::cpuLimit ||
+                  code == CallErrc::memoryLimit || code == CallErrc::stackLimit ||
+                  code == CallErrc::arrayBufferLimit) {
+                // Its modules do not even compile within the manifest's limits.
+                auto answer = answerFor(std::move(checked), *tool, {}, sandboxes->config());
+                protocol::RpcError error =
+                    answer.has_error() ? answer.error() : protocol::RpcError{};
+                error.detail =
+                    "nothing was installed: compiling the tool's modules went past "
+                    "its limits: " +
+                    error.detail;
+                error.extra.erase("revision");
+                error.extra.erase("usage");
+                co_return error;
+              }
+              notChecked = checked.result.error().detail;
+              spdlog::warn("tools.install: {} installed without its compile check: {}", tool->name,
+                           *notChecked);
             }
           }
         }
         auto outcome = co_await disk.run([&] { return registry.install(manifest); });
         if (!outcome) co_return toRpcError(outcome.error());
-        co_return json::value(json::object{
-            {"revision", outcome->revision}, {"name", outcome->name}, {"created", outcome->created}});
+        json::object answer{{"revision", outcome->revision},
+                            {"name", outcome->name},
+                            {"created", outcome->created}};
+        if (notChecked) {
+          answer["notChecked"] = "its modules were not compiled before it was stored (" +
+                                 *notChecked + "); its first call will say if they do not load";
+        }
+        co_return json::value(std::move(answer));
       }});
 
   methods.add(MethodSpec{
@@ -502,16 +525,19 @@ void registerToolMethods(MethodTable& methods, ToolServices services) {
             }
             if (subtasks.ledger != nullptr) options.invocation["subtasksKey"] = subtasks.key;
             // The settings it runs with (ctx.settings): those pinned by the task it executes,
-            // which it runs as recorded; else the revision's current ones. Code an agent
-            // defined has none.
+            // which it runs as recorded; else (no task, a task that pinned none, a lineage
+            // binding) the revision's current ones, so that no task an agent writes strips
+            // them. Code an agent defined has none.
             std::optional<std::string> settingsRevision;
-            if (!pinnedAs && params.contains("taskId") && executed && *executed) {
+            const bool agentCode = pinnedAs && tool->revision == *pinnedAs;
+            if (!agentCode && !pinnedAs && params.contains("taskId") && executed && *executed) {
               const auto& call = (*executed)->at("call").as_object();
               if (const auto* pinned = call.if_contains("settingsRevision");
                   pinned != nullptr && pinned->is_string()) {
                 settingsRevision = std::string(pinned->as_string());
               }
-            } else if (!pinnedAs) {
+            }
+            if (!agentCode && !settingsRevision) {
               settingsRevision = tools.trySettingsRevision(tool->name, tool->revision);
             }
             if (settingsRevision) {

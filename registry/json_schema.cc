@@ -374,10 +374,8 @@ std::vector<std::string> contextTokens(const std::vector<std::string>& context) 
   for (const auto& part : context) {
     if (part == "<root>") continue;
     std::string name = part;
+    // valijson writes "[name]" and "[index]", a name as it is (quotes in it are its own).
     if (name.size() >= 2 && name.front() == '[' && name.back() == ']') {
-      name = name.substr(1, name.size() - 2);
-    }
-    if (name.size() >= 2 && name.front() == '"' && name.back() == '"') {
       name = name.substr(1, name.size() - 2);
     }
     tokens.push_back(std::move(name));
@@ -516,7 +514,11 @@ std::string explained(const boost::json::value& document, const boost::json::val
                       const std::vector<std::string>& tokens, const std::string& description) {
   const boost::json::value* value = valueAt(instance, tokens);
   const boost::json::object* node = schemaAt(document, tokens, instance);
-  const std::string itIs = value != nullptr ? " (it is " + shown(*value) + ")" : "";
+  // Numbers, booleans and null are shown; a string is not (settings and arguments may hold
+  // what should not reach an answer or the log).
+  const std::string itIs = value == nullptr || value->is_string() || value->is_structured()
+                               ? ""
+                               : " (it is " + shown(*value) + ")";
 
   if (description.starts_with("Value type not permitted")) {
     const std::string actual = value != nullptr ? " (it is " + kindOf(*value) + ")" : "";
@@ -578,16 +580,29 @@ std::string explained(const boost::json::value& document, const boost::json::val
     if (expected == nullptr) return "is not the value the schema requires" + itIs;
     return "must be " + shown(*expected) + itIs;
   }
-  static constexpr std::pair<std::string_view, std::string_view> kBounds[] = {
-      {"Expected number less than or equal to ", "must be at most "},
-      {"Expected number less than ", "must be less than "},
-      {"Expected number greater than or equal to ", "must be at least "},
-      {"Expected number greater than ", "must be greater than "},
-      {"Value should be a multiple of ", "must be a multiple of "}};
-  for (const auto& [prefix, words] : kBounds) {
-    if (description.starts_with(prefix)) {
-      return std::string(words) + trimmedNumbers(description.substr(prefix.size())) + itIs;
+  // The bound as the schema writes it (valijson prints six decimals: 1e-7 would read 0).
+  struct Bound {
+    std::string_view prefix, words, keyword, exclusive;
+  };
+  static constexpr Bound kBounds[] = {
+      {"Expected number less than or equal to ", "must be at most ", "maximum", ""},
+      {"Expected number less than ", "must be less than ", "exclusiveMaximum", "maximum"},
+      {"Expected number greater than or equal to ", "must be at least ", "minimum", ""},
+      {"Expected number greater than ", "must be greater than ", "exclusiveMinimum", "minimum"},
+      {"Value should be a multiple of ", "must be a multiple of ", "multipleOf", ""}};
+  for (const auto& bound : kBounds) {
+    if (!description.starts_with(bound.prefix)) continue;
+    std::string number = trimmedNumbers(description.substr(bound.prefix.size()));
+    const boost::json::value* written = nullptr;
+    for (std::string_view keyword : {bound.keyword, bound.exclusive}) {
+      if (written == nullptr && node != nullptr && !keyword.empty()) {
+        if (const auto* found = node->if_contains(keyword); found && found->is_number()) {
+          written = found;
+        }
+      }
     }
+    if (written != nullptr) number = protocol::writeJson(*written);
+    return std::string(bound.words) + number + itIs;
   }
   return trimmedNumbers(description);
 }

@@ -617,6 +617,14 @@ TEST_CASE("tasks: a tool reads its settings as ctx.settings, those its task pinn
   CHECK(replayed.at("result").at("settings").at("unit") == "C");
   CHECK(replayed.at("settingsRevision") == json::value(celsius));
   CHECK(run().at("result").at("settings").at("unit") == "K");
+  // A task that pins no settings (one an agent wrote so) runs with the current ones, not none.
+  json::object bare = pinned[0].as_object();
+  bare["call"].as_object().erase("settingsRevision");
+  bare = withNewId(std::move(bare));
+  resultOf(client.call("tasks.commit", json::object{{"tasks", json::array{bare}}}));
+  auto unpinned = run(idOf(bare));
+  CHECK(unpinned.at("result").at("settings").at("unit") == "K");
+  CHECK(unpinned.at("settingsRevision") == json::value(kelvin));
 }
 
 TEST_CASE("tasks: tools.call takes as taskId only a function call of the revision it runs",

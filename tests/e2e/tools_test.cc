@@ -197,6 +197,35 @@ TEST_CASE("install refuses source that cannot load, without running any of it", 
   CHECK(resultOf(install(spins)).at("created") == false);
 }
 
+TEST_CASE("install stores a revision unchecked, and says so, while the runtime fails fast",
+          "[e2e][tools]") {
+  DaemonOptions options;
+  options.configToml =
+      "[runtime]\nmax_restarts = 1\nrestart_window_ms = 120000\nkill_grace_ms = 300\n";
+  auto daemon = DaemonProcess::start(options);
+  RawClient client(daemon->socket());
+  // A builtin that loops in C++ without checking for termination: its process is killed.
+  auto wedge =
+      manifest("wedge", "export default async () => { new Array(5e7).fill(0); return 1; }");
+  wedge["limits"] = json::parse(R"({"wallMs":300,"heapMb":64})");
+  const auto revision =
+      resultOf(client.call("tools.install", json::object{{"manifest", wedge}})).at("revision");
+  CHECK_FALSE(resultOf(client.call("tools.install", json::object{{"manifest", manifest("before")}}))
+                  .contains("notChecked"));
+  resultOf(client.call("tools.activate", json::object{{"name", "wedge"}, {"revision", revision}}));
+  for (int i = 0; i < 3; ++i) {
+    client.call("tools.call",
+                json::object{{"name", "wedge"}, {"arguments", json::object{{"city", "x"}}}});
+  }
+  // The runtime now fails fast; a fix can still be installed.
+  auto fixed = resultOf(
+      client.call("tools.install",
+                  json::object{{"manifest", manifest("wedge", "export default async () => 1")}}));
+  CHECK(fixed.at("created") == true);
+  CHECK_THAT(std::string(fixed.at("notChecked").as_string()),
+             Catch::Contains("not compiled before it was stored"));
+}
+
 TEST_CASE("activation lists an external service's endpoint among what changed", "[e2e][tools]") {
   auto daemon = DaemonProcess::start();
   RawClient client(daemon->socket());

@@ -495,7 +495,8 @@ void registerToolMethods(MethodTable& methods, ToolServices services) {
             }
             // Code an agent defined (its revision is the definition's id: no admin installed it)
             // gets no retained sandbox: it could otherwise push out those of installed tools.
-            if (pinnedAs && tool->revision == *pinnedAs) {
+            const bool agentCode = pinnedAs && tool->revision == *pinnedAs;
+            if (agentCode) {
               options.mode = runtime::CallOptions::Mode::disposable;
             }
             options.limits = requestedLimits(params);
@@ -529,8 +530,7 @@ void registerToolMethods(MethodTable& methods, ToolServices services) {
             // binding) the revision's current ones, so that no task an agent writes strips
             // them. Code an agent defined has none.
             std::optional<std::string> settingsRevision;
-            const bool agentCode = pinnedAs && tool->revision == *pinnedAs;
-            if (!agentCode && !pinnedAs && params.contains("taskId") && executed && *executed) {
+            if (!pinnedAs && params.contains("taskId") && executed && *executed) {
               const auto& call = (*executed)->at("call").as_object();
               if (const auto* pinned = call.if_contains("settingsRevision");
                   pinned != nullptr && pinned->is_string()) {

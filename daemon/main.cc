@@ -341,7 +341,7 @@ int run(const daemon::Config& config, const daemon::CommandLine& commandLine) {
                            &argumentChecks, &store, &subtasks, &definitionBuilds});
   daemon::registerPopupMethods(methods, popups);
   daemon::registerSandboxMethods(methods, sandboxes);
-  daemon::registerTaskMethods(methods, taskStore, disk, lineageReads);
+  daemon::registerTaskMethods(methods, taskStore, disk, lineageReads, &sandboxes);
   daemon::registerStorageMethods(methods, toolStorage, registry, disk);
   daemon::registerPolicyMethods(
       methods, daemon::PolicyServices{registry, decisions, approvals, audit, disk, configs});

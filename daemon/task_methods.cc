@@ -56,7 +56,7 @@ std::optional<MethodResult> malformedId(const json::object& params, std::string_
 }  // namespace
 
 void registerTaskMethods(MethodTable& methods, registry::TaskStore& tasks, DiskThread& disk,
-                         DiskThread& reads) {
+                         DiskThread& reads, runtime::ToolRunner* sandboxes) {
   const registry::TaskLimits& limits = tasks.limits();
   const json::value taskSchema = schema(R"({"type":"object","required":["id","kind","role"]})");
 
@@ -65,7 +65,9 @@ void registerTaskMethods(MethodTable& methods, registry::TaskStore& tasks, DiskT
       "Links drafts into a chain under parentId (or as a new root) and pins every function call to "
       "{name, toolRevision, settingsRevision?, arguments}: a name resolves through the nearest "
       "tooldefinition in the lineage, then the registry binding. Drafts carry neither id nor "
-      "parentId. Writes nothing; returns {tasks} with their ids, ready for tasks.commit.",
+      "parentId. A code tooldefinition's modules are compiled (none of its code runs) and refused "
+      "if they cannot load. Writes nothing; returns {tasks} with their ids, ready for "
+      "tasks.commit, and notChecked when the runtime could not compile some definitions now.",
       RoleSet{Role::agent},
       paramsWith(
           json::object{
@@ -78,15 +80,66 @@ void registerTaskMethods(MethodTable& methods, registry::TaskStore& tasks, DiskT
               {"parentId", kTaskId}},
           {"drafts"}),
       schema(R"({"type":"object","required":["tasks"],"properties":{"tasks":{"type":"array"}}})"),
-      [&tasks, &reads](CallContext& context, json::object params) -> asio::awaitable<MethodResult> {
+      [&tasks, &reads, sandboxes](CallContext& context,
+                                  json::object params) -> asio::awaitable<MethodResult> {
         if (auto bad = malformedId(params, "parentId")) co_return std::move(*bad);
         std::optional<std::string> parentId;
         if (const auto* parent = params.if_contains("parentId"))
           parentId = std::string(parent->as_string());
-        auto compiled = co_await reads.run(
-            [&] { return tasks.compile(params.at("drafts").as_array(), parentId); });
+        struct Compiled {
+          json::array tasks;
+          std::vector<std::pair<std::size_t, registry::ToolRevisionPtr>> code;  // draft, tool
+        };
+        auto compiled = co_await reads.run([&]() -> registry::Result<Compiled> {
+          auto made = tasks.compile(params.at("drafts").as_array(), parentId);
+          if (!made) return made.error();
+          Compiled out{std::move(*made), {}};
+          if (sandboxes == nullptr) return out;
+          for (std::size_t i = 0; i < out.tasks.size(); ++i) {
+            const json::object& task = out.tasks[i].as_object();
+            if (task.at("kind").as_string() != registry::task_kind::kToolDefinition) continue;
+            const json::object& definition = task.at("definition").as_object();
+            if (definition.at("implementation").as_object().at("type") != "code") continue;
+            auto tool = registry::TaskStore::codeDefinitionTool(
+                std::string(task.at("id").as_string()), definition);
+            if (!tool) return tool.error();
+            out.code.emplace_back(i, std::move(*tool));
+          }
+          return out;
+        });
         if (!compiled) co_return failure(context, "tasks.compile", compiled.error());
-        co_return json::value(json::object{{"tasks", std::move(*compiled)}});
+        // Code that cannot run is refused now, not at its first call, as tools.install refuses
+        // it: its modules are compiled and linked (none of its code runs) in a sandbox of their
+        // own, under the limits it would run with. When the runtime cannot check them now, the
+        // answer's notChecked says which were not.
+        json::array notChecked;
+        for (auto& [draft, tool] : compiled->code) {
+          const std::string where =
+              "drafts[" + std::to_string(draft) + "].definition.implementation";
+          runtime::CallOptions options;
+          options.mode = runtime::CallOptions::Mode::disposable;
+          options.checkOnly = true;
+          auto checked = co_await sandboxes->call(tool, {}, std::move(options));
+          if (checked.result) continue;
+          using runtime::CallErrc;
+          const runtime::CallError& error = checked.result.error();
+          if (error.code == CallErrc::invalidModule) {
+            co_return toRpcError(
+                registry::RegistryError{RegistryErrc::invalidDefinition,
+                                        where + ": " + error.detail + "; nothing was compiled"});
+          }
+          if (runtime::isLimitErrc(error.code)) {
+            co_return toRpcError(registry::RegistryError{
+                RegistryErrc::invalidDefinition,
+                where + ": compiling its modules went past the limits it would run under (" +
+                    error.detail + "); nothing was compiled"});
+          }
+          notChecked.emplace_back(where + ": its modules were not compiled (" + error.detail +
+                                  "); its first call will say if they do not load");
+        }
+        json::object answer{{"tasks", std::move(compiled->tasks)}};
+        if (!notChecked.empty()) answer["notChecked"] = std::move(notChecked);
+        co_return json::value(std::move(answer));
       }});
 
   methods.add(MethodSpec{

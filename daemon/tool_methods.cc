@@ -168,9 +168,7 @@ void registerToolMethods(MethodTable& methods, ToolServices services) {
                                             "manifest/execution: " + checked.result.error().detail +
                                                 "; nothing was installed"});
               }
-              if (code == CallErrc::timeout || code == CallErrc::cpuLimit ||
-                  code == CallErrc::memoryLimit || code == CallErrc::stackLimit ||
-                  code == CallErrc::arrayBufferLimit) {
+              if (runtime::isLimitErrc(code)) {
                 // Its modules do not even compile within the manifest's limits.
                 auto answer = answerFor(std::move(checked), *tool, {}, sandboxes->config());
                 protocol::RpcError error =

@@ -975,6 +975,28 @@ std::optional<Result<std::optional<ToolRevisionPtr>>> TaskStore::keptDefinedTool
   return Result<std::optional<ToolRevisionPtr>>(std::optional(*tool));
 }
 
+Result<ToolRevisionPtr> TaskStore::codeDefinitionTool(const std::string& definitionId,
+                                                      const json::object& definition) {
+  const json::object& implementation = objectAt(definition, "implementation");
+  json::object execution{{"class", "sandboxed-code"},
+                         {"runtime", "javascript"},
+                         {"source", implementation.at("source")}};
+  if (const auto* modules = implementation.if_contains("modules")) execution["modules"] = *modules;
+  auto tool = std::make_shared<ToolRevision>();
+  tool->revision = definitionId;
+  tool->name = stringAt(definition, "name");
+  tool->manifest = json::object{{"name", definition.at("name")},
+                                {"description", definition.at("description")},
+                                {"parameters", definition.at("parameters")},
+                                {"execution", std::move(execution)}};
+  tool->executionClass = ExecutionClass::sandboxedCode;
+  auto parameters = compileToolSchema(definition.at("parameters"),
+                                      "the parameters of definition " + definitionId);
+  if (!parameters) return parameters.error();
+  tool->parameters = std::move(*parameters);
+  return ToolRevisionPtr(std::move(tool));
+}
+
 Result<std::optional<ToolRevisionPtr>> TaskStore::definedTool(const std::string& definitionId) {
   if (auto kept = keptDefinedTool(definitionId)) return std::move(*kept);
   using Found = std::optional<ToolRevisionPtr>;
@@ -988,29 +1010,14 @@ Result<std::optional<ToolRevisionPtr>> TaskStore::definedTool(const std::string&
     made.bindingTarget = stringAt(implementation, "targetRevision");
     made.cost = made.bindingTarget.size() + definitionId.size();
   } else {
-    json::object execution{{"class", "sandboxed-code"},
-                           {"runtime", "javascript"},
-                           {"source", implementation.at("source")}};
-    if (const auto* modules = implementation.if_contains("modules"))
-      execution["modules"] = *modules;
-    auto tool = std::make_shared<ToolRevision>();
-    tool->revision = definitionId;
-    tool->name = stringAt(definition, "name");
-    tool->manifest = json::object{{"name", definition.at("name")},
-                                  {"description", definition.at("description")},
-                                  {"parameters", definition.at("parameters")},
-                                  {"execution", std::move(execution)}};
-    tool->executionClass = ExecutionClass::sandboxedCode;
-    auto parameters = compileToolSchema(definition.at("parameters"),
-                                        "the parameters of definition " + definitionId);
-    if (!parameters) return parameters.error();
-    tool->parameters = std::move(*parameters);
+    auto tool = codeDefinitionTool(definitionId, definition);
+    if (!tool) return tool.error();
     // The text, and what the compiled schema holds: copies of its document (a long string in
     // it is held about six times) and about a kibibyte of valijson's for each of its values.
-    made.cost = protocol::writeJson(tool->manifest).size() +
+    made.cost = protocol::writeJson((*tool)->manifest).size() +
                 protocol::writeJson(definition.at("parameters")).size() * 8 +
-                tool->parameters.expandedValues() * kDefinedCostPerSchemaValue;
-    made.code = std::move(tool);
+                (*tool)->parameters.expandedValues() * kDefinedCostPerSchemaValue;
+    made.code = std::move(*tool);
   }
   const std::string target = made.bindingTarget;
   ToolRevisionPtr code = made.code;

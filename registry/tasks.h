@@ -137,6 +137,10 @@ class TaskStore {
   static constexpr std::size_t kDefinedCostPerSchemaValue = 2048;
   static constexpr std::size_t kMaxDefinitionSchemaValues = 2000;
   Result<std::optional<ToolRevisionPtr>> definedTool(const std::string& definitionId);
+  // The sandboxed-code revision a code tooldefinition runs as (see definedTool), made from the
+  // task's `definition` member as compile() accepted it; `definitionId` is the task's id.
+  static Result<ToolRevisionPtr> codeDefinitionTool(const std::string& definitionId,
+                                                    const boost::json::object& definition);
   // What definedTool() made and kept, if it did: no task read, no compile. Fast.
   std::optional<Result<std::optional<ToolRevisionPtr>>> keptDefinedTool(
       const std::string& definitionId);

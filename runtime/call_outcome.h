@@ -36,6 +36,13 @@ enum class CallErrc {
 // A stable word per code ("timeout", "cpu-limit", ...), for error.data.kind and logs.
 std::string_view callErrcName(CallErrc code);
 
+// The call went past one of its limits of time or memory (wall clock, CPU, heap, ArrayBuffer
+// bytes, stack depth).
+constexpr bool isLimitErrc(CallErrc code) {
+  return code == CallErrc::timeout || code == CallErrc::cpuLimit || code == CallErrc::memoryLimit ||
+         code == CallErrc::arrayBufferLimit || code == CallErrc::stackLimit;
+}
+
 struct CallError {
   CallErrc code;
   std::string detail;             // a sentence a tool author or caller can act on

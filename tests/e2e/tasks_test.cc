@@ -870,6 +870,56 @@ TEST_CASE("tasks: a call's subtasks share its output limit", "[e2e][tasks]") {
   CHECK(json::serialize(answer.at("subtasks")).size() <= 4096);
 }
 
+TEST_CASE("tasks: compile refuses a code definition whose modules cannot load, running none of it",
+          "[e2e][tasks]") {
+  auto daemon = DaemonProcess::start();
+  RawClient client(daemon->socket());
+  auto withCode = [](std::string_view name, std::string_view source, json::object modules = {}) {
+    auto draft = definition(name);
+    json::object implementation{{"type", "code"}, {"source", source}};
+    if (!modules.empty()) implementation["modules"] = std::move(modules);
+    draft["definition"].as_object()["implementation"] = std::move(implementation);
+    return draft;
+  };
+  struct Refused {
+    json::object draft;
+    const char* expected;
+  };
+  for (auto& [draft, expected] : std::vector<Refused>{
+           {withCode("broken", "export default async (a) => { a +"), "(source.js:1)"},
+           {withCode("lib", "import {f} from './lib.js'; export default f;",
+                     json::object{{"lib.js", "export const f = ("}}),
+            "module lib.js does not compile"},
+           {withCode("missing", "import x from './missing.js'; export default x;"),
+            R"(imports "./missing.js", which is not one of this revision's modules)"}}) {
+    INFO(expected);
+    // The refused definition is the second draft: the error names it.
+    auto response =
+        client.call("tasks.compile", compileParams(json::array{message("user", "hi"), draft}));
+    CHECK(errorCode(response) == -32011);
+    CHECK_THAT(errorDetail(response),
+               Catch::Contains(expected) &&
+                   Catch::Contains("drafts[1].definition.implementation: ") &&
+                   Catch::Contains("nothing was compiled"));
+  }
+  // Only compiled: code that would never end at load compiles (its first call says so), and
+  // nothing of the check is retained.
+  auto spins = withCode("spins", "for (;;) {} export default async () => 1;");
+  auto compiled = resultOf(client.call("tasks.compile", compileParams(json::array{spins})));
+  CHECK(compiled.at("tasks").as_array().size() == 1);
+  CHECK_FALSE(compiled.contains("notChecked"));
+  CHECK(resultOf(client.call("sandboxes.list")).at("sandboxes").as_array().empty());
+  // A binding has nothing to compile.
+  const std::string gamma = installActive(client, "gamma");
+  auto alias = definition("forecast");
+  alias["definition"].as_object()["implementation"] =
+      json::object{{"type", "binding"}, {"targetRevision", gamma}};
+  CHECK(resultOf(client.call("tasks.compile", compileParams(json::array{alias})))
+            .at("tasks")
+            .as_array()
+            .size() == 1);
+}
+
 TEST_CASE("tasks: a function call pinned to a definition of its lineage runs what it defines",
           "[e2e][tasks]") {
   auto daemon = DaemonProcess::start();

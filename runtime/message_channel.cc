@@ -127,6 +127,11 @@ void MessageChannel::send(const json::object& message, bool batch) {
   }
 }
 
+std::size_t MessageChannel::queued() {
+  std::lock_guard lock(mutex_);
+  return outgoing_.size() + inflight_.size();
+}
+
 void MessageChannel::limitQueue(std::size_t bytes) {
   std::lock_guard lock(mutex_);
   maxQueuedBytes_ = bytes;

@@ -55,6 +55,8 @@ class MessageChannel : public std::enable_shared_from_this<MessageChannel> {
   // channel instead (onClosed runs later, on the strand, never inside send): the other side is
   // not reading. Unlimited unless set.
   void limitQueue(std::size_t bytes);
+  // Bytes sent and not yet taken by the socket. Any thread.
+  std::size_t queued();
 
   const Strand& strand() const { return strand_; }
 

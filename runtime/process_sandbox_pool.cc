@@ -767,6 +767,17 @@ void ProcessSandboxPool::Impl::submit(json::object message, registry::ToolRevisi
             processLock = std::unique_lock(candidate->mutex);
           }
           if (candidate->ended) continue;
+          if (const std::size_t waiting = candidate->channel->queued();
+              waiting > ipc::kMaxQueuedCallBytes) {
+            refused =
+                CallError{CallErrc::overloaded,
+                          "the sandbox process has not yet read " + std::to_string(waiting >> 20) +
+                              " MiB of calls sent to it (limit " +
+                              std::to_string(ipc::kMaxQueuedCallBytes >> 20) +
+                              " MiB); retry once calls have ended",
+                          {}};
+            break;
+          }
           // Registered before the message goes, so that the answer always finds it.
           PendingCall& call = candidate->calls[id];
           call.tool = tool;

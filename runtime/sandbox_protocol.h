@@ -98,6 +98,10 @@ std::size_t maxMessageBytes(const RuntimeConfig& config);
 // What the daemon queues for a host that has not read it yet, at most: room for the largest
 // message it sends (a fetch's response, as base64) twice over; past it the host is killed.
 inline constexpr std::size_t kMaxQueuedToHostBytes = std::size_t{512} << 20;
+// A call is refused (overloaded) rather than sent while this much waits to be read by its host:
+// callers that send large arguments faster than a busy host reads them get an error each, and
+// the host is not killed for what kMaxQueuedToHostBytes keeps for the daemon's answers.
+inline constexpr std::size_t kMaxQueuedCallBytes = std::size_t{128} << 20;
 // The JSON values the daemon takes in one message from a host: a converted value of at most
 // kMaxJsonValues (a result, a stored value, drafts), and the sandbox rows that may come with it.
 std::size_t maxMessageValues(const RuntimeConfig& config);

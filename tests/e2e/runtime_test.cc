@@ -443,6 +443,55 @@ std::vector<std::string> anonymousExecutable(pid_t pid) {
 
 }  // namespace
 
+TEST_CASE("calls a busy sandbox process has not read are refused, never the process killed",
+          "[e2e][runtime]") {
+  DaemonOptions options;
+  options.configToml = "[runtime]\nkill_grace_ms = 60000\n";
+  auto daemon = DaemonProcess::start(options);
+  RawClient client(daemon->socket());
+  deploy(client, jsTool("sized", "export default async (args) => args.pad.length"));
+  CHECK(resultOf(call(client, "sized", json::object{{"pad", "x"}})) == 1);
+  const auto hosts = childrenOf(daemon->pid());
+  REQUIRE(hosts.size() == 1);
+  // A host that reads nothing for a while (here: stopped) while a client sends large arguments.
+  REQUIRE(::kill(hosts[0], SIGSTOP) == 0);
+  const std::string pad(7 << 20, 'x');
+  constexpr int kCalls = 24;
+  for (int id = 1; id <= kCalls; ++id) {
+    client.send(R"({"jsonrpc":"2.0","id":)" + std::to_string(id) +
+                R"(,"method":"tools.call","params":{"name":"sized","arguments":{"pad":")" + pad +
+                "\"}}}\n");
+  }
+  // Those past what may wait for the host are refused at once; the host is not killed for it.
+  // (128 MiB may wait: 18 or 19 calls of 7 MiB.)
+  int refused = 0;
+  while (refused < kCalls - 19) {
+    auto answer = client.readJson(std::chrono::seconds(60)).as_object();
+    INFO(toolhost::protocol::writeJson(answer));
+    REQUIRE(answer.contains("error"));
+    CHECK(errorKind(answer) == "overloaded");
+    CHECK_THAT(std::string(answer.at("error").at("data").at("detail").as_string()),
+               Catch::Contains("has not yet read"));
+    ++refused;
+  }
+  REQUIRE(::kill(hosts[0], SIGCONT) == 0);
+  int answered = 0;
+  while (refused + answered < kCalls) {
+    auto answer = client.readJson(std::chrono::seconds(60)).as_object();
+    INFO(toolhost::protocol::writeJson(answer));
+    if (answer.contains("error")) {
+      CHECK(errorKind(answer) == "overloaded");
+      ++refused;
+    } else {
+      CHECK(answer.at("result").at("result") == static_cast<std::int64_t>(pad.size()));
+      ++answered;
+    }
+  }
+  CHECK(answered >= 17);
+  CHECK(childrenOf(daemon->pid()) == hosts);
+  CHECK(client.call("daemon.health").at("result").at("status") == "ok");
+}
+
 TEST_CASE("V8 makes no machine code unless [runtime] jit = true", "[e2e][runtime]") {
   // Hot enough for V8's baseline and optimizing compilers when they are on.
   const char* hot =

@@ -10,9 +10,10 @@
 #include "protocol/path_trust.h"
 #include "protocol/socket_path.h"
 
+#include <unistd.h>
 #include <CLI/CLI.hpp>
 #include <boost/json/serialize.hpp>
-#include <unistd.h>
+#include <filesystem>
 
 #include <cmath>
 #include <cstdio>
@@ -162,8 +163,9 @@ int callAndPrint(const std::filesystem::path& socket, const std::string& method,
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"toolhostctl: talk to toolhostd. Prints JSON. Exit codes: 0 result, 1 JSON-RPC "
-               "error, 2 usage, 3 cannot connect."};
+  CLI::App app{
+      "toolhostctl: talk to toolhostd. Prints JSON. Exit codes: 0 result, 1 JSON-RPC "
+      "error, 2 usage, 3 cannot connect, the connection failed, or no answer in time."};
   app.require_subcommand(1);
   std::string socketFlag;
   bool compact = false;
@@ -290,7 +292,18 @@ int main(int argc, char** argv) {
     return code == 0 ? 0 : kExitUsage;
   }
   bool asPretty = forcePretty || (!compact && ::isatty(STDOUT_FILENO));
-  auto socket = protocol::chooseSocketPath(socketFlag);
+  if (app.count("--socket") > 0 && socketFlag.empty()) {
+    std::cerr << "toolhostctl: --socket is empty: leave it out for the default socket, or name "
+                 "one\n";
+    return kExitUsage;
+  }
+  std::filesystem::path socket;
+  try {
+    socket = protocol::chooseSocketPath(socketFlag);
+  } catch (const std::invalid_argument& error) {
+    std::cerr << "toolhostctl: " << error.what() << "\n";
+    return kExitUsage;
+  }
   // The default under /tmp (no XDG_RUNTIME_DIR): another user may have made that directory
   // first, to put their own socket there and read what this command sends.
   if (socket == protocol::defaultSocketPath() && socket.parent_path().parent_path() == "/tmp") {

@@ -645,13 +645,24 @@ Result loadConfig(const CommandLine& commandLine) {
   }
 
   if (commandLine.socketPath) {
+    if (commandLine.socketPath->empty()) {
+      return ConfigError{"--socket is empty: leave it out for the default socket, or name one"};
+    }
     config.socketPath = *commandLine.socketPath;
-  } else if (auto socket = env("TOOLHOST_SOCKET")) {
-    config.socketPath = *socket;
+  } else if (const char* socket = std::getenv("TOOLHOST_SOCKET"); socket != nullptr) {
+    if (*socket == '\0') {
+      return ConfigError{
+          "TOOLHOST_SOCKET is set but empty: unset it for the default socket, or name one"};
+    }
+    config.socketPath = socket;
   } else if (configSocket) {
     config.socketPath = *configSocket;
   } else {
     config.socketPath = defaultSocketPath();
+  }
+  if (commandLine.stateDir && commandLine.stateDir->empty()) {
+    return ConfigError{
+        "--state-dir is empty: leave it out for the default state directory, or name one"};
   }
   config.stateDir = commandLine.stateDir ? *commandLine.stateDir
                     : configState        ? *configState

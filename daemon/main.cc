@@ -447,8 +447,9 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& error) {
     return app.exit(error) == 0 ? 0 : 2;
   }
-  if (!socket.empty()) commandLine.socketPath = socket;
-  if (!stateDir.empty()) commandLine.stateDir = stateDir;
+  // Given but empty (a script's unset variable) is refused, never taken as the default path.
+  if (app.count("--socket") > 0) commandLine.socketPath = socket;
+  if (app.count("--state-dir") > 0) commandLine.stateDir = stateDir;
   if (!configFile.empty()) commandLine.configFile = configFile;
   if (!logLevel.empty()) commandLine.logLevel = logLevel;
   if (!logFormat.empty()) commandLine.logFormat = logFormat;

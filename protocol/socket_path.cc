@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <stdexcept>
 #include <string>
 
 namespace toolhost::protocol {
@@ -18,7 +19,13 @@ fs::path defaultSocketPath() {
 fs::path chooseSocketPath(const fs::path& flag) {
   if (!flag.empty()) return flag;
   const char* env = std::getenv("TOOLHOST_SOCKET");
-  if (env != nullptr && *env != '\0') return env;
+  if (env != nullptr) {
+    if (*env == '\0') {
+      throw std::invalid_argument(
+          "TOOLHOST_SOCKET is set but empty: unset it for the default socket, or name one");
+    }
+    return env;
+  }
   return defaultSocketPath();
 }
 

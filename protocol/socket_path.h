@@ -9,7 +9,9 @@ namespace toolhost::protocol {
 
 std::filesystem::path defaultSocketPath();
 
-// --socket, else $TOOLHOST_SOCKET, else defaultSocketPath().
+// --socket, else $TOOLHOST_SOCKET, else defaultSocketPath(). An empty $TOOLHOST_SOCKET (a script's
+// unset variable) throws std::invalid_argument rather than mean the default: a client or daemon
+// meant for one socket must not reach another's. The flag's caller refuses an empty flag.
 std::filesystem::path chooseSocketPath(const std::filesystem::path& flag);
 
 }  // namespace toolhost::protocol

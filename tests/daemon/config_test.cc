@@ -176,6 +176,21 @@ TEST_CASE("socket path: flag, then TOOLHOST_SOCKET, then config, too long refuse
   CHECK_THAT(tooLong.error().detail, Catch::Contains("at most 107 bytes"));
   commandLine.socketPath = "/tmp/" + std::string(102, 'x');  // 107 bytes
   CHECK(loadConfig(commandLine).has_value());
+  // Empty (a script's unset variable) is refused, never taken for the default.
+  commandLine.socketPath = "";
+  auto emptyFlag = loadConfig(commandLine);
+  REQUIRE_FALSE(emptyFlag.has_value());
+  CHECK_THAT(emptyFlag.error().detail, Catch::Contains("--socket is empty"));
+  commandLine.socketPath.reset();
+  ::setenv("TOOLHOST_SOCKET", "", 1);
+  auto emptyEnv = loadConfig(commandLine);
+  REQUIRE_FALSE(emptyEnv.has_value());
+  CHECK_THAT(emptyEnv.error().detail, Catch::Contains("TOOLHOST_SOCKET is set but empty"));
+  ::unsetenv("TOOLHOST_SOCKET");
+  commandLine.stateDir = "";
+  auto emptyState = loadConfig(commandLine);
+  REQUIRE_FALSE(emptyState.has_value());
+  CHECK_THAT(emptyState.error().detail, Catch::Contains("--state-dir is empty"));
 }
 
 TEST_CASE("relative paths in the config file are relative to its folder", "[config]") {

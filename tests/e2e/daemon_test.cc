@@ -472,6 +472,13 @@ TEST_CASE("toolhostctl prints JSON with exit codes a script can rely on", "[e2e]
   auto info = runProgram({ctl, "info"}, "", {{"TOOLHOST_SOCKET", socket}});
   CHECK(info.status == 0);
   CHECK(parse(info.out).at("name") == "toolhost");
+  // An empty path (a script's unset variable) is a usage error, never the default socket.
+  auto emptyFlag = runProgram({ctl, "--socket", "", "ping"});
+  CHECK(emptyFlag.status == 2);
+  CHECK_THAT(emptyFlag.err, Catch::Contains("--socket is empty"));
+  auto emptyEnv = runProgram({ctl, "ping"}, "", {{"TOOLHOST_SOCKET", ""}});
+  CHECK(emptyEnv.status == 2);
+  CHECK_THAT(emptyEnv.err, Catch::Contains("TOOLHOST_SOCKET is set but empty"));
 
   auto call = runProgram({ctl, "--socket", socket, "call", "ping", R"({"delayMs":1})"});
   CHECK(call.status == 0);

@@ -918,6 +918,10 @@ TEST_CASE(
       allowedSyscalls(*analyze, readFile(kSourceDir / "systemd" / "toolhost.service.in"));
   CHECK(allowed.count("mprotect") == 1);
   CHECK(allowed.count("setuid") == 0);  // ~@privileged took it away
+  CHECK(allowed.count("landlock_restrict_self") == 1);  // the sandbox hosts confine themselves
+  // The per-user unit runs the same daemon under the same filter.
+  CHECK(allowedSyscalls(*analyze, readFile(kSourceDir / "systemd" / "user" /
+                                           "toolhost.service.in")) == allowed);
   auto list = dir.path() / "syscalls";
   {
     std::ofstream out(list);

@@ -451,7 +451,8 @@ std::size_t Server::connectionCount() const {
   return sessions_.size();
 }
 
-asio::awaitable<void> Server::shutdown(std::chrono::milliseconds grace) {
+asio::awaitable<void> Server::shutdown(std::chrono::milliseconds grace,
+                                       std::chrono::milliseconds afterCancel) {
   asio::post(acceptStrand_, [this] {
     stopping_ = true;
     socketWatch_.cancel();
@@ -485,14 +486,18 @@ asio::awaitable<void> Server::shutdown(std::chrono::milliseconds grace) {
       stopReading(true);
     }
     if (connectionCount() == 0) break;
-    if (aborted && std::chrono::steady_clock::now() >= deadline + std::chrono::seconds(2)) {
+    if (aborted &&
+        std::chrono::steady_clock::now() >=
+            deadline + std::max<std::chrono::milliseconds>(afterCancel, std::chrono::seconds(2))) {
       spdlog::error("{} connection(s) did not end after being cancelled; exiting anyway",
                     connectionCount());
       break;
     }
-    // A second after the cancels, answers a client has not read are dropped with it.
+    // A second before giving up, answers a client has not read are dropped with it.
     if (aborted && !dropped &&
-        std::chrono::steady_clock::now() >= deadline + std::chrono::seconds(1)) {
+        std::chrono::steady_clock::now() >=
+            deadline + std::max<std::chrono::milliseconds>(afterCancel, std::chrono::seconds(2)) -
+                std::chrono::seconds(1)) {
       dropped = true;
       std::lock_guard lock(mutex_);
       for (auto& [id, weak] : sessions_) {

@@ -66,9 +66,13 @@ class Server {
   void decodeLargeOn(DiskThread* thread) { largeDecodes_ = thread; }
 
   // Stops accepting, lets sessions finish what is in flight for up to `grace`, then aborts the
-  // rest. Completes when every session has ended. Sessions serving others (popup hosts,
-  // approvers) keep reading until all the others have ended.
-  boost::asio::awaitable<void> shutdown(std::chrono::milliseconds grace);
+  // rest and waits up to `afterCancel` more for their cancelled requests to be answered (a call
+  // stuck inside V8 is answered once its sandbox process is killed). Completes when every
+  // session has ended. Sessions serving others (popup hosts, approvers) keep reading until all
+  // the others have ended.
+  boost::asio::awaitable<void> shutdown(
+      std::chrono::milliseconds grace,
+      std::chrono::milliseconds afterCancel = std::chrono::seconds(2));
 
   // Whether something listens on the Unix socket at `path` now (a connect succeeds or its
   // backlog is full). Never waits.

@@ -175,7 +175,11 @@ struct ServiceLifecycle::State {
     spdlog::info("signal {}: no new connections; finishing requests in flight (up to {} ms)",
                  number, grace.count());
     notifyServiceManager("STOPPING=1\nSTATUS=" + status());
-    asio::co_spawn(io, server.shutdown(grace), [this](std::exception_ptr) {
+    // A call stuck in V8 past its cancel is answered once its sandbox process is killed, up to
+    // two kill graces and a second later (runtime/process_sandbox_pool.cc, cancelAnswerTime).
+    const auto afterCancel = std::chrono::milliseconds(2 * configs.current()->runtime.killGraceMs) +
+                             std::chrono::seconds(2);
+    asio::co_spawn(io, server.shutdown(grace, afterCancel), [this](std::exception_ptr) {
       spdlog::info("stopped");
       notifyServiceManager("STATUS=Stopped");
       heartbeat.stop();

@@ -492,6 +492,27 @@ TEST_CASE("calls a busy sandbox process has not read are refused, never the proc
   CHECK(client.call("daemon.health").at("result").at("status") == "ok");
 }
 
+TEST_CASE("at shutdown a call stuck inside V8 is answered as cancelled before the daemon exits",
+          "[e2e][runtime]") {
+  DaemonOptions options;
+  options.configToml = "[server]\nshutdown_grace_ms = 200\n[runtime]\nkill_grace_ms = 2500\n";
+  auto daemon = DaemonProcess::start(options);
+  RawClient client(daemon->socket());
+  // A builtin that loops in C++ without checking for termination.
+  deploy(client, jsTool("stuck",
+                        "export default async () => { const a = []; a[2 ** 30] = 1; "
+                        "a.sort(); return 1; }"));
+  client.send(R"({"jsonrpc":"2.0","id":1,"method":"tools.call","params":{"name":"stuck"}})"
+              "\n");
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  REQUIRE(::kill(daemon->pid(), SIGTERM) == 0);
+  auto answer = client.readJson(std::chrono::seconds(20)).as_object();
+  INFO(toolhost::protocol::writeJson(answer));
+  CHECK(answer.at("id") == 1);
+  CHECK(errorCode(answer) == -32009);
+  CHECK(daemon->wait(std::chrono::seconds(20)) == 0);
+}
+
 TEST_CASE("V8 makes no machine code unless [runtime] jit = true", "[e2e][runtime]") {
   // Hot enough for V8's baseline and optimizing compilers when they are on.
   const char* hot =

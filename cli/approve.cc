@@ -84,8 +84,11 @@ class Approver {
         if (prompt.is_object()) queue(prompt.as_object());
       }
     }
-    say("Waiting for requests to approve. End of input (Ctrl-D) or Ctrl-C stops.\n");
     interactive_ = ::isatty(STDIN_FILENO) == 1;
+    say(interactive_ ? "Waiting for requests to approve. End of input (Ctrl-D) or Ctrl-C stops.\n"
+                     : "Waiting for requests to approve. Each input line answers the next "
+                       "request; end of input stops once every line has answered one, Ctrl-C "
+                       "at once.\n");
 
     for (;;) {
       if (!current_ && !queue_.empty()) {

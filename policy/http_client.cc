@@ -142,7 +142,7 @@ std::string describe(std::string_view text) {
   return out + "\"";
 }
 
-constexpr std::array<std::string_view, 18> kForbiddenHeaders{{
+constexpr std::array<std::string_view, 19> kForbiddenHeaders{{
     "host",
     "content-length",
     "transfer-encoding",
@@ -160,6 +160,7 @@ constexpr std::array<std::string_view, 18> kForbiddenHeaders{{
     "x-http-method",
     "x-http-method-override",
     "x-method-override",
+    "x-original-method",
     "proxy-connection",
 }};
 

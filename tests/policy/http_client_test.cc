@@ -563,7 +563,7 @@ TEST_CASE("fetch: headers the daemon owns or never sends are refused") {
        {"Host", "content-length", "Transfer-Encoding", "TE", "Trailer", "Connection", "Keep-Alive",
         "Upgrade", "Expect", "Accept-Encoding", "Cookie", "Cookie2", "Set-Cookie",
         "Proxy-Authorization", "proxy-connection", "X-HTTP-Method-Override", "X-HTTP-Method",
-        "X-Method-Override", "Sec-Fetch-Site",
+        "X-Method-Override", "X-Original-Method", "Sec-Fetch-Site",
         // CGI-style servers read '_' and '-' alike: X_HTTP_METHOD_OVERRIDE is the override too.
         "X_HTTP_METHOD_OVERRIDE", "x_http_method", "X-Method_Override", "Proxy_Authorization",
         "sec_fetch_site", "Content_Length", "transfer_encoding"}) {

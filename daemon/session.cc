@@ -340,7 +340,8 @@ bool Session::serveCancelNotifications(const Decoded& parked) {
       const auto& params = std::get<protocol::Request>(decoded->entries.front()).params;
       target = params.is_object() ? params.as_object().if_contains("id") : nullptr;
     }
-    const bool valid = target != nullptr && (target->is_string() || target->is_number());
+    const bool valid =
+        target != nullptr && (target->is_string() || target->is_number() || target->is_null());
     const bool namesParked = valid && parkedRequest != nullptr && parkedRequest->id &&
                              idText(*parkedRequest->id) == idText(*target);
     const bool namesRunning = valid && requestKeysById_.count(idText(*target)) > 0;
@@ -500,11 +501,13 @@ void Session::spawnRequest(protocol::Request request, std::shared_ptr<BatchState
   if (request.method == "$/cancelRequest") {
     const auto* target = request.params.is_object() ? request.params.as_object().if_contains("id") : nullptr;
     std::optional<json::value> response;
-    if (target == nullptr || !(target->is_string() || target->is_number())) {
+    if (target == nullptr || !(target->is_string() || target->is_number() || target->is_null())) {
       if (request.id) {
         response = protocol::errorResponse(
-            *request.id, protocol::makeError(protocol::rpc_error::kInvalidParams, "invalid-params",
-                                             "params.id: the id (string or number) of a request on this connection"));
+            *request.id,
+            protocol::makeError(
+                protocol::rpc_error::kInvalidParams, "invalid-params",
+                "params.id: the id (string, number or null) of a request on this connection"));
       }
     } else {
       bool cancelled = cancelById(*target);

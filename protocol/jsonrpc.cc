@@ -44,6 +44,13 @@ Entry decodeEntry(json::value&& value) {
     if (!validIdType(*found)) {
       return invalid(nullptr, "\"id\" must be a string, a number or null");
     }
+    // The parser keeps every integer within 64 bits as one; an integral double was written
+    // beyond them, and its answer could not carry it back exactly, so no client would find it.
+    if (found->is_double() && std::trunc(found->get_double()) == found->get_double()) {
+      return invalid(nullptr,
+                     "\"id\": an integer id must fit in 64 bits (an answer carries its id back "
+                     "exactly); use a string for larger ones");
+    }
     id = *found;
   }
   json::value answerId = id ? *id : json::value(nullptr);

@@ -55,6 +55,35 @@ TEST_CASE("a request with named params is answered under its id", "[e2e][jsonrpc
   auto nullId = client.readJson().as_object();
   CHECK(nullId.at("id").is_null());
   CHECK(nullId.contains("result"));
+  // Integers past 64 bits could not come back exactly as sent: refused, not answered under
+  // another id.
+  for (const char* id : {"18446744073709551616", "-9223372036854775810000", "1e30"}) {
+    client.send(std::string(R"({"jsonrpc":"2.0","method":"ping","id":)") + id + "}\n");
+    auto refused = client.readJson().as_object();
+    INFO(id);
+    CHECK(refused.at("id").is_null());
+    CHECK(refused.at("error").at("code") == -32600);
+  }
+  client.send(R"({"jsonrpc":"2.0","method":"ping","id":18446744073709551615})"
+              "\n");
+  CHECK(client.readJson().at("id") == std::uint64_t{18446744073709551615u});
+  // A request with a null id can be cancelled by it.
+  client.send(R"({"jsonrpc":"2.0","method":"ping","params":{"delayMs":30000},"id":null})"
+              "\n");
+  client.send(R"({"jsonrpc":"2.0","method":"$/cancelRequest","params":{"id":null},"id":"c"})"
+              "\n");
+  bool cancelled = false, answered = false;
+  for (int i = 0; i < 2; ++i) {
+    auto answer = client.readJson().as_object();
+    if (answer.at("id") == "c") {
+      answered = answer.at("result").at("cancelled") == true;
+    } else {
+      CHECK(answer.at("id").is_null());
+      cancelled = answer.at("error").at("code") == -32009;
+    }
+  }
+  CHECK(answered);
+  CHECK(cancelled);
 }
 
 TEST_CASE("an answer's bytes are given back once it is written", "[e2e][jsonrpc]") {

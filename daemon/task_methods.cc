@@ -119,6 +119,7 @@ void registerTaskMethods(MethodTable& methods, registry::TaskStore& tasks, DiskT
           runtime::CallOptions options;
           options.mode = runtime::CallOptions::Mode::disposable;
           options.checkOnly = true;
+          options.agentCode = true;
           auto checked = co_await sandboxes->call(tool, {}, std::move(options));
           if (checked.result) continue;
           using runtime::CallErrc;

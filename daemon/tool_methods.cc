@@ -496,6 +496,7 @@ void registerToolMethods(MethodTable& methods, ToolServices services) {
             const bool agentCode = pinnedAs && tool->revision == *pinnedAs;
             if (agentCode) {
               options.mode = runtime::CallOptions::Mode::disposable;
+              options.agentCode = true;
             }
             options.limits = requestedLimits(params);
             const runtime::CallLimits requested = options.limits;

@@ -81,6 +81,10 @@ struct CallOptions {
   // code runs, and the call's value is null. How tools.install checks a source before storing
   // it; use with Mode::disposable.
   bool checkOnly = false;
+  // Code an agent wrote (a lineage's code definition), not a tool an admin installed: a
+  // ProcessSandboxPool runs it in a sandbox process of its own, so that it never shares workers,
+  // memory budget or crashes with installed tools. Use with Mode::disposable.
+  bool agentCode = false;
 
   // For whoever hosts a SandboxPool (the sandbox host process); it reaches neither JavaScript
   // nor the CapabilityHost: a number of the caller's choosing that SandboxPool::stalled() reports.

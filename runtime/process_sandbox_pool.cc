@@ -476,7 +476,7 @@ struct ProcessSandboxPool::Impl : std::enable_shared_from_this<ProcessSandboxPoo
         launch(std::move(launch_)),
         executor(std::move(executor_)),
         grace(milliseconds(config.killGraceMs)),
-        slots(config.processes) {
+        slots(config.processes + 1) {
     // `ps` should say what runs: the daemon's own path rather than "/proc/self/exe" (which is
     // still what is executed, so a binary replaced on disk by an upgrade keeps working).
     argv0 = launch.executable;
@@ -523,9 +523,11 @@ struct ProcessSandboxPool::Impl : std::enable_shared_from_this<ProcessSandboxPoo
     bool cancelled = false;  // before it was placed
   };
 
+  // The slot of an installed tool's revision; agents' code has the last slot to itself.
   unsigned slotOf(const std::string& revision) const {
     return static_cast<unsigned>(stableHash(revision) % config.processes);
   }
+  unsigned agentSlot() const { return config.processes; }
 
   void submit(json::object message, registry::ToolRevisionPtr tool, const Admission& admission,
               std::function<void(std::exception_ptr, CallOutcome)> deliver,
@@ -716,7 +718,7 @@ void ProcessSandboxPool::Impl::submit(json::object message, registry::ToolRevisi
   const std::uint64_t id = nextCallId.fetch_add(1);
   message["id"] = id;
   const std::string& revision = tool->revision;
-  const unsigned slot = slotOf(revision);
+  const unsigned slot = admission.agentCode ? agentSlot() : slotOf(revision);
   std::shared_ptr<Process> process;
   std::optional<CallError> refused;
   bool rearmNeeded = false;
@@ -1562,6 +1564,7 @@ std::vector<ProcessSandboxPool::SlotHealth> ProcessSandboxPool::health() const {
   std::lock_guard lock(impl_->mutex);
   for (const auto& slot : impl_->slots) {
     SlotHealth health;
+    health.agentCode = out.size() == impl_->agentSlot();
     if (slot.process) {
       std::lock_guard processLock(slot.process->mutex);
       if (!slot.process->ended) {

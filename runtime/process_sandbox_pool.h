@@ -96,7 +96,10 @@ class ProcessSandboxPool final : public ToolRunner {
   std::vector<int> processIds() const;
 
   // What daemon.health reports of each process slot.
+  // One per sandbox process slot: [runtime] processes of them for installed tools, then the one
+  // for agents' code (CallOptions::agentCode).
   struct SlotHealth {
+    bool agentCode = false;         // the slot of agents' code
     int pid = 0;                    // 0 while none runs (never started, ended, or starting)
     std::size_t recentEnds = 0;     // unexpected ends within the restart window
     std::int64_t failingForMs = 0;  // > 0: calls for it fail fast (max_restarts) for this long

@@ -30,6 +30,7 @@ boost::system::result<Admission, CallError> admitCall(const registry::ToolRevisi
   Admission admission{*base, *limits, false};
   // A tighter heap or ArrayBuffer limit than the retained sandbox was built with cannot be
   // applied to it: such a call gets a sandbox of its own.
+  admission.agentCode = options.agentCode;
   admission.ownSandbox = options.mode == CallOptions::Mode::disposable ||
                          limits->heapMb < base->heapMb ||
                          limits->arrayBufferMb < base->arrayBufferMb;

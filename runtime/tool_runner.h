@@ -58,6 +58,7 @@ struct Admission {
   EffectiveLimits base;     // what a retained sandbox of the revision is built with
   EffectiveLimits limits;   // what this call runs under
   bool ownSandbox = false;  // disposable, or tighter heap/ArrayBuffer limits than `base`
+  bool agentCode = false;   // CallOptions::agentCode
 };
 // notRunnable or invalidLimits, with a sentence, when the call cannot run.
 boost::system::result<Admission, CallError> admitCall(const registry::ToolRevision& tool,

@@ -920,6 +920,39 @@ TEST_CASE("tasks: compile refuses a code definition whose modules cannot load, r
             .size() == 1);
 }
 
+TEST_CASE("tasks: an agent's code runs in a sandbox process of its own, apart from installed tools",
+          "[e2e][tasks]") {
+  auto daemon = DaemonProcess::start();
+  RawClient client(daemon->socket());
+  installActive(client, manifest("fine", "export default async () => 'still here'"));
+  auto fine = [&] {
+    return resultOf(
+        client.call("tools.call",
+                    json::object{{"name", "fine"}, {"arguments", json::object{{"city", "Oslo"}}}}));
+  };
+  CHECK(fine().at("result") == "still here");
+  auto processes = [&] {
+    return resultOf(client.call("daemon.health")).at("checks").at("runtime").at("processes");
+  };
+  const auto toolsPid = processes().at(0).at("pid");
+  // V8 aborts its whole process on this: only the agents' process goes.
+  auto fatal = definition("fatal");
+  fatal["definition"].as_object()["implementation"] = json::object{
+      {"type", "code"}, {"source", "export default async () => 'x'.repeat(2 ** 28).split('')"}};
+  auto chain = append(client, json::array{fatal, callDraft("fatal", json::object{})});
+  auto crashed = client.call(
+      "tools.call",
+      json::object{{"name", "fatal"}, {"arguments", json::object{}}, {"taskId", idOf(chain[1])}});
+  CHECK(errorKind(crashed) == "sandbox-crashed");
+  CHECK(fine().at("result") == "still here");
+  const auto after = processes();
+  REQUIRE(after.as_array().size() == 2);
+  CHECK(after.at(0).at("pid") == toolsPid);
+  CHECK(after.at(0).at("recentUnexpectedEnds") == 0);
+  CHECK(after.at(1).at("agentCode") == true);
+  CHECK(after.at(1).at("recentUnexpectedEnds") == 1);
+}
+
 TEST_CASE("tasks: a function call pinned to a definition of its lineage runs what it defines",
           "[e2e][tasks]") {
   auto daemon = DaemonProcess::start();

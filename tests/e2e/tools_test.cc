@@ -224,17 +224,13 @@ TEST_CASE("install stores a revision unchecked, and says so, while the runtime f
   CHECK(fixed.at("created") == true);
   CHECK_THAT(std::string(fixed.at("notChecked").as_string()),
              Catch::Contains("not compiled before it was stored"));
-  // A lineage's code definition compiles unchecked too, and the answer names it.
-  auto compiled = resultOf(
+  // A lineage's code definition is still checked: agents' code has a process of its own.
+  auto compiled =
       client.call("tasks.compile",
                   json::parse(R"({"drafts":[{"kind":"tooldefinition","role":"system","definition":{
           "name":"adder","description":"adds","parameters":{"type":"object"},
-          "implementation":{"type":"code","source":"export default async () => 1"}}}]})")));
-  CHECK(compiled.at("tasks").as_array().size() == 1);
-  REQUIRE(compiled.at("notChecked").as_array().size() == 1);
-  CHECK_THAT(
-      std::string(compiled.at("notChecked").at(0).as_string()),
-      Catch::StartsWith("drafts[0].definition.implementation: its modules were not compiled"));
+          "implementation":{"type":"code","source":"export default async () => {"}}}]})"));
+  CHECK(errorCode(compiled) == -32011);
 }
 
 TEST_CASE("activation lists an external service's endpoint among what changed", "[e2e][tools]") {

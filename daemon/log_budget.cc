@@ -1,6 +1,7 @@
 #include "daemon/log_budget.h"
 
 #include <algorithm>
+#include <utility>
 
 namespace toolhost::daemon {
 
@@ -27,6 +28,11 @@ bool LogBudget::allow(std::string& note, Clock::time_point now) {
     withheld_ = 0;
   }
   return true;
+}
+
+std::uint64_t LogBudget::takeWithheld() {
+  std::lock_guard lock(mutex_);
+  return std::exchange(withheld_, 0);
 }
 
 namespace {

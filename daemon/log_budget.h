@@ -23,6 +23,9 @@ class LogBudget {
   // the returned note says how many ("" otherwise), for the end of that line. Any thread.
   bool allow(std::string& note);
   bool allow(std::string& note, Clock::time_point now);  // for tests
+  // The lines held back since the last one allowed, which no later line will now report (its
+  // source has ended); the count starts again from zero. Any thread.
+  std::uint64_t takeWithheld();
 
  private:
   std::mutex mutex_;

@@ -92,7 +92,16 @@ asio::awaitable<void> Session::run() {
   runCloseHooks();
 }
 
-Session::~Session() { runCloseHooks(); }
+Session::~Session() {
+  runCloseHooks();
+  // Lines held back by this connection's budget that no later line of it will report.
+  if (const std::uint64_t withheld = logBudget_.takeWithheld(); withheld > 0) {
+    if (std::string note; allowClientLine(note)) {
+      spdlog::warn("conn={} ended; {} line(s) about it before its end were not logged{}", id_,
+                   withheld, note);
+    }
+  }
+}
 
 Session::AnswerCharge::AnswerCharge(std::size_t bytes) : bytes_(bytes) {
   allHeldAnswerBytes.fetch_add(bytes);

@@ -584,6 +584,22 @@ TEST_CASE("a client's failing requests cannot flood the daemon's log", "[e2e][js
   CHECK(log.size() < 2 * 1024 * 1024);
   CHECK(log.find(std::string(301, 'm')) == std::string::npos);
   CHECK(log.find("(102400 bytes)") != std::string::npos);
+  // Lines held back when the connection ends are counted in a line of their own.
+  {
+    RawClient brief(daemon->socket());
+    std::string bad;
+    for (int i = 0; i < 400; ++i) bad += "{not json\n";
+    brief.send(bad);
+    for (int i = 0; i < 400; ++i) CHECK(brief.readJson().at("error").at("code") == -32700);
+    // Room in the daemon-wide budget (50 lines a second) for the line its end writes.
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  }
+  bool counted = false;
+  for (int i = 0; i < 200 && !counted; ++i) {
+    counted = daemon->log().find("before its end were not logged") != std::string::npos;
+    if (!counted) std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  }
+  CHECK(counted);
 }
 
 TEST_CASE("past the daemon's bound on unread answers, clients that do not read get no more",

@@ -70,7 +70,8 @@ std::optional<ConfigError> readCount(const toml::table& table, const std::string
                                      std::int64_t low, std::int64_t high) {
   const toml::node* node = table[section][key].node();
   if (node == nullptr) return std::nullopt;
-  auto value = node->value<std::int64_t>();
+  // value<>() would also take a float with no fraction (1.0, 2e0): TOML keeps them apart.
+  auto value = node->is_integer() ? node->value<std::int64_t>() : std::nullopt;
   std::string name = std::string(section) + "." + key;
   if (!value || *value < low || *value > high) {
     return fail(file, where(*node, name) + " must be an integer from " + std::to_string(low) +

@@ -124,6 +124,9 @@ TEST_CASE("config errors name the key and what is wrong", "[config]") {
   check("[runtime]\njit = \"yes\"\n", "must be true or false");
   check("[runtime]\njit = 1\n", "must be true or false");
   check("[runtime]\nprewarmed = 65\n", "runtime.prewarmed");
+  // A float is no integer, even with nothing after its point.
+  check("[server]\nio_threads = 1.0\n", "server.io_threads (line 2) must be an integer");
+  check("[limits]\nmax_batch = 2e0\n", "limits.max_batch (line 2) must be an integer");
   // No answer may exceed 64 MiB, so a result cap above 63 MiB could never be delivered.
   check("[runtime]\nmax_output_bytes = 66060289\n", "from 1 to 66060288");
   check("[runtime]\ndefault_output_bytes = 536870912\n", "from 1 to 66060288");

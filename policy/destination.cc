@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <stdexcept>
 #include <utility>
+#include <vector>
 
 namespace toolhost::policy {
 
@@ -450,6 +451,49 @@ bool allowedInPathOrQuery(char c, bool query) {
 // Percent-encodes what browsers would (space, '"', '<', '>', '`', '{', '}', non-ASCII...) and the
 // few characters they send raw but RFC 3986 forbids ('|', '^', '[', ']', '\' in a query), so the
 // request target is always valid; a '%' that starts no escape becomes %25. Existing escapes stay.
+// A path's "." and ".." segments resolved as browsers resolve them (also written "%2e", in any
+// case): "/a/../b" is sent as "/b", so that a server acts on the path the approver was shown.
+std::string removeDotSegments(std::string_view path) {
+  auto isDots = [](std::string_view segment, int count) {
+    int seen = 0;
+    while (!segment.empty()) {
+      if (segment.front() == '.') {
+        segment.remove_prefix(1);
+      } else if (segment.size() >= 3 && segment[0] == '%' && segment[1] == '2' &&
+                 (segment[2] == 'e' || segment[2] == 'E')) {
+        segment.remove_prefix(3);
+      } else {
+        return false;
+      }
+      ++seen;
+    }
+    return seen == count;
+  };
+  std::vector<std::string_view> kept;
+  std::string_view rest = path.substr(1);  // after the leading '/'
+  for (;;) {
+    const std::size_t slash = rest.find('/');
+    const bool last = slash == std::string_view::npos;
+    const std::string_view segment = rest.substr(0, slash);
+    if (isDots(segment, 2)) {
+      if (!kept.empty()) kept.pop_back();
+      if (last) kept.emplace_back();
+    } else if (isDots(segment, 1)) {
+      if (last) kept.emplace_back();
+    } else {
+      kept.push_back(segment);
+    }
+    if (last) break;
+    rest.remove_prefix(slash + 1);
+  }
+  std::string out;
+  for (const auto segment : kept) {
+    out += '/';
+    out += segment;
+  }
+  return out.empty() ? "/" : out;
+}
+
 std::string percentEncodeLikeBrowsers(std::string_view text, bool query) {
   static constexpr std::string_view kHex = "0123456789ABCDEF";
   std::string out;
@@ -797,7 +841,8 @@ DestinationResult parseDestination(std::string_view url, const AddressRules& rul
     // Browsers read '\' as '/' in https: URLs, other parsers do not: refuse the ambiguity.
     return invalidUrl(url, "it contains a backslash before the query; write '/' instead");
   }
-  destination.pathAndQuery = path.empty() ? "/" : percentEncodeLikeBrowsers(path, false);
+  destination.pathAndQuery =
+      path.empty() ? "/" : removeDotSegments(percentEncodeLikeBrowsers(path, false));
   if (queryStart != std::string_view::npos) {
     destination.pathAndQuery += '?';
     destination.pathAndQuery +=

@@ -366,7 +366,20 @@ TEST_CASE("kill -9 during installs leaves every stored manifest intact", "[e2e][
         // The daemon was killed under us: expected.
       }
     });
-    std::this_thread::sleep_for(std::chrono::milliseconds(50 + random() % 150));
+    // Kill only once this round has had answers (a loaded machine installs slowly), then at a
+    // random point of a later install.
+    auto before = [&] {
+      std::lock_guard lock(mutex);
+      return acknowledged.size();
+    }();
+    for (int wait = 0; wait < 1000; ++wait) {
+      {
+        std::lock_guard lock(mutex);
+        if (acknowledged.size() >= before + 2) break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(random() % 100));
     daemon->stop(SIGKILL);
     stop = true;
     writer.join();

@@ -160,6 +160,24 @@ int callAndPrint(const std::filesystem::path& socket, const std::string& method,
   return kExitResult;
 }
 
+// "unknown command ..." when parsing stopped at a word that names no command of the deepest
+// command given (toolhostctl frobnicate, toolhostctl policy frob); empty otherwise.
+std::string unknownCommand(CLI::App& app) {
+  CLI::App* deepest = &app;
+  for (;;) {
+    auto parsed = deepest->get_subcommands();
+    if (parsed.empty()) break;
+    deepest = parsed.front();
+  }
+  const auto extra = deepest->remaining();
+  if (extra.empty() || deepest->get_subcommands({}).empty()) return {};
+  std::string out = "unknown command \"" + extra.front() + "\"";
+  if (deepest != &app) out += " for " + deepest->get_name();
+  out += "; the commands are:";
+  for (const auto* command : deepest->get_subcommands({})) out += " " + command->get_name();
+  return out;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -288,6 +306,11 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {
+    // A word where a command belongs: CLI11 says only that a command is required.
+    if (auto unknown = unknownCommand(app); !unknown.empty()) {
+      std::cerr << "toolhostctl: " << unknown << "\nRun with --help for more information.\n";
+      return kExitUsage;
+    }
     int code = app.exit(error);
     return code == 0 ? 0 : kExitUsage;
   }

@@ -122,6 +122,12 @@ int run(const daemon::Config& config, const daemon::CommandLine& commandLine) {
 
   // A second daemon on a live socket stops before it makes a state directory it would never use
   // (a mistyped --state-dir would be left behind). Listening checks again.
+  if (!systemd->socketActivated() && !commandLine.forgetSecrets) {
+    if (auto checked = daemon::Server::checkSocketDirectory(config); !checked) {
+      spdlog::critical("{}", checked.error().detail);
+      return 1;
+    }
+  }
   if (!systemd->socketActivated() && !commandLine.forgetSecrets &&
       daemon::Server::somebodyListensAt(config.socketPath)) {
     spdlog::critical("another daemon is already listening on {}", config.socketPath.string());

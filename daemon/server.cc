@@ -93,21 +93,29 @@ boost::system::result<void, ServerError> Server::listen() {
   return adopt(*fd, config.socketPath);
 }
 
-boost::system::result<int, ServerError> Server::bindSocket(bool atStart) {
-  const Config& config = *startup_;
+boost::system::result<bool, ServerError> Server::checkSocketDirectory(const Config& config) {
   const fs::path& path = config.socketPath;
   if (path.native().size() > kMaxSocketPathBytes) {
     return ServerError{"socket path " + path.string() + " is longer than " +
                        std::to_string(kMaxSocketPathBytes) + " bytes"};
   }
-  fs::path parent = path.parent_path();
   // A directory another user controls (say /tmp/toolhost-<uid> made by them first) would let
   // them put their own socket in place of ours and read what clients send. Directories made here
   // let only the owner (and the socket's group, if configured) reach the socket.
-  const fs::path shown = parent.empty() ? fs::path(".") : parent;
+  const fs::path parent = path.parent_path();
   auto made =
-      protocol::makeTrustedDirectories(shown, config.socketGroup ? 0710 : 0700, config.socketGroup);
+      protocol::makeTrustedDirectories(parent.empty() ? fs::path(".") : parent,
+                                       config.socketGroup ? 0710 : 0700, config.socketGroup);
   if (!made) return ServerError{"refusing to listen at " + path.string() + ": " + made.error()};
+  return *made;
+}
+
+boost::system::result<int, ServerError> Server::bindSocket(bool atStart) {
+  const Config& config = *startup_;
+  const fs::path& path = config.socketPath;
+  auto made = checkSocketDirectory(config);
+  if (!made) return made.error();
+  const fs::path shown = path.parent_path().empty() ? fs::path(".") : path.parent_path();
   if (!*made && config.socketGroup && atStart) {
     // A directory that was there already keeps its mode: say so when the group cannot pass it.
     struct stat dir {};

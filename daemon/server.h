@@ -78,6 +78,12 @@ class Server {
   // backlog is full). Never waits.
   static bool somebodyListensAt(const std::filesystem::path& path);
 
+  // The checks on the socket's path that come before binding it: its length, and its directory
+  // (made, private, if missing; refused if another user could replace what is in it). True if
+  // the directory was made now. main() runs it before it makes the state directory, so that a
+  // refused start leaves nothing behind.
+  static boost::system::result<bool, ServerError> checkSocketDirectory(const Config& config);
+
   std::size_t connectionCount() const;
   std::uint64_t connectionsAccepted() const { return nextId_.load() - 1; }
   const std::filesystem::path& socketPath() const { return socketPath_; }

@@ -107,7 +107,10 @@ TEST_CASE("a socket or state directory, or a secrets key, others control is refu
   REQUIRE(::chmod(open.c_str(), 0777) == 0);
   DaemonOptions socketThere;
   socketThere.socketPath = open / "s";
+  // Refused before the state directory is made: a refused start leaves nothing behind.
+  socketThere.stateDir = dir.path() / "unmade";
   checkStartRefused(socketThere, "refusing to listen at " + (open / "s").string(), "0777");
+  CHECK_FALSE(fs::exists(dir.path() / "unmade"));
   DaemonOptions stateThere;
   stateThere.stateDir = open / "state";
   checkStartRefused(stateThere, "refusing the state directory", "0777");
@@ -514,6 +517,12 @@ TEST_CASE("toolhostctl prints JSON with exit codes a script can rely on", "[e2e]
 
   auto usage = runProgram({ctl, "--socket", socket, "frobnicate"});
   CHECK(usage.status == 2);
+  CHECK_THAT(usage.err, Catch::Contains("unknown command \"frobnicate\"") &&
+                            Catch::Contains("ping info health"));
+  auto nested = runProgram({ctl, "--socket", socket, "policy", "frob"});
+  CHECK(nested.status == 2);
+  CHECK_THAT(nested.err, Catch::Contains("unknown command \"frob\" for policy") &&
+                             Catch::Contains("list set revoke"));
   for (const char* timeout : {"nan", "1e300", "-1", "inf"}) {
     INFO(timeout);
     auto badTimeout = runProgram({ctl, "--socket", socket, "--timeout", timeout, "ping"});

@@ -596,10 +596,19 @@ boost::system::result<StorePtr, OpenError> Store::open(Options options) {
     if (auto err = markCreated(stateDir)) return *err;
   }
 
-  spdlog::info("store: opened {} (schema version {}, map size {} MiB, {} tables)", db.string(),
-               kSchemaVersion, options.mapSizeMb, options.tables.size());
+  // The map in use: LMDB makes it as large as the file when a database outgrew the setting.
+  MDB_envinfo envInfo{};
+  const std::size_t mapInUseMb =
+      mdb_env_info(env.get(), &envInfo) == 0 ? envInfo.me_mapsize >> 20 : options.mapSizeMb;
+  spdlog::info("store: opened {} (schema version {}, map size {} MiB{}, {} tables)", db.string(),
+               kSchemaVersion, mapInUseMb,
+               mapInUseMb == options.mapSizeMb
+                   ? ""
+                   : ", as large as the database; [store] map_size_mb is " +
+                         std::to_string(options.mapSizeMb),
+               options.tables.size());
   Init init{stateDir,
-            options.mapSizeMb,
+            mapInUseMb,
             kSchemaVersion,
             std::move(env),
             std::move(*lock),

@@ -348,3 +348,26 @@ TEST_CASE("describe adds the map size and path to store errors") {
   CHECK(boost::system::error_code(StoreErrc::locked).category().name() ==
         std::string("toolhost.store"));
 }
+
+TEST_CASE("a database larger than map_size_mb opens with the map it needs, and says so") {
+  TempDir tmp;
+  Options o = options(tmp.state());
+  o.mapSizeMb = 16;
+  {
+    auto store = openOrFail(o);
+    const Table items = store->table("items");
+    const std::string value(64 * 1024, 'x');
+    REQUIRE(store->write([&](WriteTxn& txn) -> result<void> {
+      for (int i = 0; i < 96; ++i) txn.put(items, u64Key(static_cast<std::uint64_t>(i)), value);
+      return {};
+    }));
+  }
+  o.mapSizeMb = 2;
+  auto store = openOrFail(o);
+  auto stats = store->stats();
+  REQUIRE(stats);
+  CHECK(stats->mapSizeBytes >= 6ULL << 20);
+  const auto inUseMb = std::to_string(stats->mapSizeBytes >> 20);
+  CHECK(store->describe(StoreErrc::mapFull) ==
+        "the state database is full (map size " + inUseMb + " MiB); raise [store] map_size_mb");
+}

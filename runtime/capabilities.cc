@@ -5,6 +5,7 @@
 #include "runtime/fetch_api.h"
 #include "runtime/json_bridge.h"
 #include "runtime/sandbox.h"
+#include "runtime/web_globals.h"
 
 #include <boost/json/array.hpp>
 #include <boost/json/object.hpp>
@@ -682,6 +683,15 @@ bool installGlobals(v8::Local<v8::Context> context, Prelude& prelude) {
     return false;
   }
   prelude.makeResponse.Reset(isolate, makeResponse);
+  for (const char* name : {"Headers", "Response"}) {
+    v8::Local<v8::Value> constructor;
+    if (!makeResponse->Get(context, v8String(isolate, name)).ToLocal(&constructor) ||
+        !global->DefineOwnProperty(context, v8String(isolate, name), constructor, v8::DontEnum)
+             .FromMaybe(false)) {
+      return false;
+    }
+  }
+  if (!installWebGlobals(context)) return false;
 
   v8::Local<v8::Function> door, made;
   if (!function(context, &onCtxDoor, none, 0, "door").ToLocal(&door) ||

@@ -3,12 +3,14 @@
 #include "runtime/base64.h"
 #include "runtime/json_bridge.h"
 #include "runtime/sandbox.h"
+#include "runtime/web_globals.h"
 
 #include <boost/json/array.hpp>
 #include <boost/json/string.hpp>
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -40,18 +42,30 @@ constexpr std::size_t kMaxMethodBytes = 256;
 constexpr const char* kPrelude = R"JS((function (natives) {
   'use strict';
   const utf8Decode = natives.utf8Decode;
+  const toBytes = natives.toBytes;
+  const isArrayBuffer = natives.isArrayBuffer;
+  const isView = ArrayBuffer.isView;
+  const ArrayBufferCtor = ArrayBuffer;
+  const NumberCtor = Number;
+  const MathTrunc = Math.trunc;
+  const RangeErrorCtor = RangeError;
+  const JSONStringify = JSON.stringify;
   const ObjectFreeze = Object.freeze;
   const ObjectDefineProperty = Object.defineProperty;
   const ObjectGetPrototypeOf = Object.getPrototypeOf;
   const ObjectSetPrototypeOf = Object.setPrototypeOf;
   const ReflectApply = Reflect.apply;
+  const ReflectOwnKeys = Reflect.ownKeys;
+  const ReflectGetOwnPropertyDescriptor = Reflect.getOwnPropertyDescriptor;
   const JSONParse = JSON.parse;
   const TypeErrorCtor = TypeError;
   const StringCtor = String;
   const SymbolIterator = Symbol.iterator;
   const SymbolToStringTag = Symbol.toStringTag;
-  const toLowerCase = ReflectApply(Function.prototype.bind, Function.prototype.call,
-                                   [String.prototype.toLowerCase]);
+  const uncurry = (f) => ReflectApply(Function.prototype.bind, Function.prototype.call, [f]);
+  const toLowerCase = uncurry(String.prototype.toLowerCase);
+  const charCodeAt = uncurry(String.prototype.charCodeAt);
+  const stringSlice = uncurry(String.prototype.slice);
   const IteratorPrototype = ObjectGetPrototypeOf(ObjectGetPrototypeOf([][SymbolIterator]()));
   const kHost = Symbol('toolhost');
 
@@ -66,9 +80,7 @@ constexpr const char* kPrelude = R"JS((function (natives) {
       __proto__: null, value, writable: !!enumerable, enumerable: !!enumerable, configurable: true,
     });
   }
-  function immutable() {
-    throw new TypeErrorCtor('the headers of a Response are immutable');
-  }
+  const immutableMessage = 'the headers of a Response are immutable';
 
   class HeadersIterator {
     #list;
@@ -93,11 +105,115 @@ constexpr const char* kPrelude = R"JS((function (natives) {
   ObjectSetPrototypeOf(HeadersIterator.prototype, IteratorPrototype);
   define(HeadersIterator.prototype, SymbolToStringTag, 'Headers Iterator');
 
+  // A header name is an HTTP token; a value is a byte string (units up to 0xFF) with no NUL, CR or
+  // LF, its leading and trailing tabs and spaces removed.
+  function isTokenUnit(c) {
+    return (c >= 0x61 && c <= 0x7a) || (c >= 0x41 && c <= 0x5a) || (c >= 0x30 && c <= 0x39) ||
+        c === 0x21 || (c >= 0x23 && c <= 0x27) || c === 0x2a || c === 0x2b || c === 0x2d ||
+        c === 0x2e || c === 0x5e || c === 0x5f || c === 0x60 || c === 0x7c || c === 0x7e;
+  }
+  function checkedName(name, method) {
+    const key = headerName(name, method);
+    if (key.length === 0) throw new TypeErrorCtor('Headers.' + method + ': a header name is empty');
+    for (let i = 0; i < key.length; i++) {
+      if (!isTokenUnit(charCodeAt(key, i))) {
+        throw new TypeErrorCtor('Headers.' + method + ': "' + key + '" is not a valid header name');
+      }
+    }
+    return key;
+  }
+  function checkedValue(value, method) {
+    if (typeof value === 'symbol') {
+      throw new TypeErrorCtor('Headers.' + method + ': a header value must be a string');
+    }
+    const text = StringCtor(value);
+    let start = 0;
+    let end = text.length;
+    const blank = (c) => c === 0x09 || c === 0x0a || c === 0x0d || c === 0x20;
+    while (start < end && blank(charCodeAt(text, start))) start++;
+    while (end > start && blank(charCodeAt(text, end - 1))) end--;
+    for (let i = start; i < end; i++) {
+      const c = charCodeAt(text, i);
+      if (c === 0 || c === 0x0a || c === 0x0d || c > 0xff) {
+        throw new TypeErrorCtor('Headers.' + method + ': the value of a header has a character ' +
+                                'a header cannot carry');
+      }
+    }
+    return stringSlice(text, start, end);
+  }
+  // A Headers' entries as iteration shows them: sorted by name, values of one name combined
+  // with ", " (set-cookie's kept apart).
+  function sortedAndCombined(list) {
+    const sorted = [];
+    for (let i = 0; i < list.length; i++) {
+      const entry = list[i];
+      let at = sorted.length;
+      // Insertion keeps equal names in their order; lists are short.
+      while (at > 0 && sorted[at - 1][0] > entry[0]) at--;
+      for (let j = sorted.length; j > at; j--) sorted[j] = sorted[j - 1];
+      sorted[at] = [entry[0], entry[1]];
+    }
+    const out = [];
+    for (let i = 0; i < sorted.length; i++) {
+      const last = out.length > 0 ? out[out.length - 1] : null;
+      if (last !== null && last[0] === sorted[i][0] && sorted[i][0] !== 'set-cookie') {
+        last[1] = last[1] + ', ' + sorted[i][1];
+      } else {
+        out[out.length] = sorted[i];
+      }
+    }
+    return out;
+  }
+
   class Headers {
-    #list;  // [[lower-case name, value], ...] sorted and combined by the host; never handed out
-    constructor(token, list) {
-      if (token !== kHost) throw new TypeErrorCtor('Illegal constructor');
-      this.#list = list;
+    #list;  // [[lower-case name, value], ...]; never handed out
+    #immutable;  // a Response's: sorted and combined by the host
+    constructor(init = undefined, list = undefined) {
+      if (init === kHost) {
+        this.#list = list;
+        this.#immutable = true;
+        return;
+      }
+      this.#list = [];
+      this.#immutable = false;
+      if (init === undefined || init === null) {
+        if (init === null) throw new TypeErrorCtor('Headers: init must be an object');
+        return;
+      }
+      if (typeof init !== 'object' && typeof init !== 'function') {
+        throw new TypeErrorCtor('Headers: init must be an object, or a list of [name, value] pairs');
+      }
+      const iterate = init[SymbolIterator];
+      if (iterate !== undefined && iterate !== null) {
+        if (typeof iterate !== 'function') {
+          throw new TypeErrorCtor('Headers: init[Symbol.iterator] is not a function');
+        }
+        const pairs = [];
+        for (const pair of init) {
+          if (pair === null || (typeof pair !== 'object' && typeof pair !== 'function')) {
+            throw new TypeErrorCtor('Headers: each header in a list must be a [name, value] pair');
+          }
+          const items = [];
+          for (const item of pair) items[items.length] = item;
+          if (items.length !== 2) {
+            throw new TypeErrorCtor('Headers: each header in a list must be a [name, value] pair');
+          }
+          pairs[pairs.length] = items;
+        }
+        for (let i = 0; i < pairs.length; i++) this.append(pairs[i][0], pairs[i][1]);
+        return;
+      }
+      const keys = ReflectOwnKeys(init);
+      for (let i = 0; i < keys.length; i++) {
+        const key = keys[i];
+        if (typeof key === 'symbol') continue;
+        const descriptor = ReflectGetOwnPropertyDescriptor(init, key);
+        if (descriptor === undefined || !descriptor.enumerable) continue;
+        this.append(key, init[key]);
+      }
+    }
+    #mutable(method) {
+      if (this.#immutable) throw new TypeErrorCtor('Headers.' + method + ': ' + immutableMessage);
     }
     get(name) {
       const key = headerName(name, 'get');
@@ -124,21 +240,54 @@ constexpr const char* kPrelude = R"JS((function (natives) {
       }
       return out;
     }
+    append(name, value) {
+      this.#mutable('append');
+      const key = checkedName(name, 'append');
+      const text = checkedValue(value, 'append');
+      const list = this.#list;
+      list[list.length] = [key, text];
+    }
+    set(name, value) {
+      this.#mutable('set');
+      const key = checkedName(name, 'set');
+      const text = checkedValue(value, 'set');
+      const list = this.#list;
+      const kept = [];
+      let placed = false;
+      for (let i = 0; i < list.length; i++) {
+        if (list[i][0] !== key) {
+          kept[kept.length] = list[i];
+        } else if (!placed) {
+          kept[kept.length] = [key, text];
+          placed = true;
+        }
+      }
+      if (!placed) kept[kept.length] = [key, text];
+      this.#list = kept;
+    }
+    delete(name) {
+      this.#mutable('delete');
+      const key = checkedName(name, 'delete');
+      const list = this.#list;
+      const kept = [];
+      for (let i = 0; i < list.length; i++) {
+        if (list[i][0] !== key) kept[kept.length] = list[i];
+      }
+      this.#list = kept;
+    }
+    #view() { return this.#immutable ? this.#list : sortedAndCombined(this.#list); }
     forEach(callback, thisArg) {
       if (typeof callback !== 'function') {
         throw new TypeErrorCtor('Headers.forEach: the callback must be a function');
       }
-      const list = this.#list;
+      const list = this.#view();
       for (let i = 0; i < list.length; i++) {
         ReflectApply(callback, thisArg, [list[i][1], list[i][0], this]);
       }
     }
-    entries() { return new HeadersIterator(kHost, this.#list, 0); }
-    keys() { return new HeadersIterator(kHost, this.#list, 1); }
-    values() { return new HeadersIterator(kHost, this.#list, 2); }
-    append() { immutable(); }
-    set() { immutable(); }
-    delete() { immutable(); }
+    entries() { return new HeadersIterator(kHost, this.#view(), 0); }
+    keys() { return new HeadersIterator(kHost, this.#view(), 1); }
+    values() { return new HeadersIterator(kHost, this.#view(), 2); }
   }
   define(Headers.prototype, SymbolIterator, Headers.prototype.entries, false);
   define(Headers.prototype, SymbolToStringTag, 'Headers', false);
@@ -150,13 +299,52 @@ constexpr const char* kPrelude = R"JS((function (natives) {
     #headers;
     #body;  // an ArrayBuffer until a body method takes it
     #bodyUsed = false;
-    constructor(token, status, statusText, url, headers, body) {
-      if (token !== kHost) throw new TypeErrorCtor('Illegal constructor');
+    constructor(body = null, init = undefined) {
+      if (body === kHost) {
+        // From the host: (kHost, status, statusText, url, headers, body).
+        const made = arguments;
+        this.#status = made[1];
+        this.#statusText = made[2];
+        this.#url = made[3];
+        this.#headers = new Headers(kHost, made[4]);
+        this.#body = made[5];
+        return;
+      }
+      if (init !== undefined && init !== null && typeof init !== 'object' &&
+          typeof init !== 'function') {
+        throw new TypeErrorCtor('Response: init must be an object');
+      }
+      const status = init == null || init.status === undefined ? 200 : NumberCtor(init.status);
+      if (!(status >= 200 && status <= 599) || status !== MathTrunc(status)) {
+        throw new RangeErrorCtor('Response: status must be an integer from 200 to 599');
+      }
+      const statusText = init == null || init.statusText === undefined
+          ? '' : StringCtor(init.statusText);
       this.#status = status;
       this.#statusText = statusText;
-      this.#url = url;
-      this.#headers = new Headers(kHost, headers);
-      this.#body = body;
+      this.#url = '';
+      this.#headers = new Headers(init == null ? undefined : init.headers);
+      if (body === null || body === undefined) {
+        this.#body = null;
+        return;
+      }
+      if (status === 204 || status === 205 || status === 304) {
+        throw new TypeErrorCtor('Response: a ' + status + ' response cannot have a body');
+      }
+      const isText = typeof body !== 'object' ||
+          !(isArrayBuffer(body) || isView(body));
+      // Bytes are copied: a later change to the caller's buffer does not reach the body.
+      this.#body = toBytes(isText ? StringCtor(body) : body);
+      if (isText && !this.#headers.has('content-type')) {
+        this.#headers.set('content-type', 'text/plain;charset=UTF-8');
+      }
+    }
+    static json(data, init = undefined) {
+      const text = JSONStringify(data);
+      if (text === undefined) throw new TypeErrorCtor('Response.json: the data is not JSON');
+      const response = new Response(text, init);
+      response.headers.set('content-type', 'application/json');
+      return response;
     }
     get type() { return 'basic'; }
     get url() { return this.#url; }
@@ -171,7 +359,7 @@ constexpr const char* kPrelude = R"JS((function (natives) {
       this.#bodyUsed = true;
       const body = this.#body;
       this.#body = null;
-      return body;
+      return body === null ? new ArrayBufferCtor(0) : body;
     }
     async arrayBuffer() { return this.#take(); }
     async text() { return utf8Decode(this.#take()); }
@@ -183,8 +371,12 @@ constexpr const char* kPrelude = R"JS((function (natives) {
     ObjectFreeze(frozen.prototype);
     ObjectFreeze(frozen);
   }
-  return (status, statusText, url, headers, body) =>
+  const make = (status, statusText, url, headers, body) =>
       new Response(kHost, status, statusText, url, headers, body);
+  // For the global object.
+  define(make, 'Headers', Headers, false);
+  define(make, 'Response', Response, false);
+  return make;
 }))JS";
 
 v8::MaybeLocal<v8::String> tryString(v8::Isolate* isolate, std::string_view text) {
@@ -223,6 +415,50 @@ void onUtf8Decode(const v8::FunctionCallbackInfo<v8::Value>& info) {
     return;
   }
   info.GetReturnValue().Set(text);
+}
+
+// A new Response's body: a string's UTF-8 (lone surrogates as U+FFFD), or a copy of an
+// ArrayBuffer's or a view's bytes, in an ArrayBuffer counted against the call's limit. Native, for
+// the prelude.
+void onToBytes(const v8::FunctionCallbackInfo<v8::Value>& info) {
+  v8::Isolate* isolate = info.GetIsolate();
+  v8::HandleScope scope(isolate);
+  if (info.Length() < 1) return;
+  Sandbox& sandbox = Sandbox::from(isolate);
+  v8::Local<v8::ArrayBuffer> out;
+  if (info[0]->IsString()) {
+    auto text = info[0].As<v8::String>();
+    const int length = text->Utf8Length(isolate);
+    if (!sandbox.newArrayBuffer(static_cast<std::size_t>(length)).ToLocal(&out)) return;
+    if (length > 0) {
+      text->WriteUtf8(isolate, static_cast<char*>(out->GetBackingStore()->Data()), length, nullptr,
+                      v8::String::NO_NULL_TERMINATION | v8::String::REPLACE_INVALID_UTF8);
+    }
+  } else if (info[0]->IsArrayBuffer() || info[0]->IsArrayBufferView()) {
+    const char* data = nullptr;
+    std::size_t length = 0;
+    if (info[0]->IsArrayBuffer()) {
+      auto store = info[0].As<v8::ArrayBuffer>()->GetBackingStore();
+      data = static_cast<const char*>(store->Data());
+      length = store->ByteLength();
+    } else {
+      auto view = info[0].As<v8::ArrayBufferView>();
+      length = view->ByteLength();
+      if (length > 0) {
+        data = static_cast<const char*>(view->Buffer()->GetBackingStore()->Data()) +
+               view->ByteOffset();
+      }
+    }
+    if (!sandbox.newArrayBuffer(length).ToLocal(&out)) return;
+    if (length > 0) std::memcpy(out->GetBackingStore()->Data(), data, length);
+  } else {
+    return;
+  }
+  info.GetReturnValue().Set(out);
+}
+
+void onIsArrayBuffer(const v8::FunctionCallbackInfo<v8::Value>& info) {
+  info.GetReturnValue().Set(info.Length() >= 1 && info[0]->IsArrayBuffer());
 }
 
 bool equalsIgnoringCase(std::string_view a, std::string_view b) {
@@ -264,6 +500,17 @@ class HeaderList {
     v8::Local<v8::Value> name, value;
     return pair.As<v8::Array>()->Get(context_, 0).ToLocal(&name) &&
            pair.As<v8::Array>()->Get(context_, 1).ToLocal(&value) && add(name, value);
+  }
+
+  // Whether a header of that name (lower-case) was given, in any case.
+  bool has(std::string_view lowerName) const {
+    for (const auto& pair : out_) {
+      if (equalsIgnoringCase(pair.as_array()[0].as_string(), lowerName)) return true;
+    }
+    return false;
+  }
+  void addText(std::string_view name, std::string_view value) {
+    out_.push_back(json::array{json::string(name), json::string(value)});
   }
 
   json::array take() { return std::move(out_); }
@@ -374,9 +621,31 @@ bool readHeaders(v8::Local<v8::Context> context, v8::Local<v8::Value> headers, H
 
 // The body's bytes: nullopt without a body; false in `ok` with an exception pending.
 std::optional<std::string> readBody(v8::Local<v8::Context> context, v8::Local<v8::Value> body,
-                                    bool& ok) {
+                                    bool& ok, const char*& contentType) {
   ok = true;
+  contentType = nullptr;
   if (body->IsNullOrUndefined()) return std::nullopt;
+  // URLSearchParams goes as its text, form-encoded, as browsers send it.
+  if (body->IsObject() && !body->IsArrayBuffer() && !body->IsArrayBufferView()) {
+    v8::Local<v8::Value> searchParams;
+    v8::Local<v8::String> text;
+    if (loadedWebGlobal(context, "URLSearchParams").ToLocal(&searchParams) &&
+        searchParams->IsFunction()) {
+      bool isParams = false;
+      if (!body->InstanceOf(context, searchParams.As<v8::Object>()).To(&isParams)) {
+        ok = false;
+        return std::nullopt;
+      }
+      if (isParams) {
+        if (!body->ToString(context).ToLocal(&text)) {
+          ok = false;
+          return std::nullopt;
+        }
+        body = text;
+        contentType = "application/x-www-form-urlencoded;charset=UTF-8";
+      }
+    }
+  }
   // Measured before it is copied: a larger body could never be sent (kMaxOutstandingRequestBytes).
   auto tooLarge = [&] {
     ok = false;
@@ -389,6 +658,7 @@ std::optional<std::string> readBody(v8::Local<v8::Context> context, v8::Local<v8
     auto text =
         toUtf8Within(context->GetIsolate(), body.As<v8::String>(), kMaxOutstandingRequestBytes);
     if (!text) return tooLarge();
+    if (contentType == nullptr) contentType = "text/plain;charset=UTF-8";
     return text;
   }
   std::string bytes;
@@ -410,8 +680,8 @@ std::optional<std::string> readBody(v8::Local<v8::Context> context, v8::Local<v8
   ok = false;
   throwInvalidArgument(
       context,
-      "fetch: init.body must be a string, an ArrayBuffer, a TypedArray or DataView, or "
-      "null");
+      "fetch: init.body must be a string, an ArrayBuffer, a TypedArray or DataView, a "
+      "URLSearchParams, or null");
   return std::nullopt;
 }
 
@@ -520,23 +790,33 @@ v8::MaybeLocal<v8::Function> runPreludeFactory(v8::Local<v8::Context> context, c
 
 PreludeCacheStats preludeCacheStats() { return preludeCodeCache().stats(); }
 
+bool setNatives(v8::Local<v8::Context> context, v8::Local<v8::Object> natives,
+                std::initializer_list<std::pair<const char*, v8::FunctionCallback>> functions) {
+  v8::Isolate* isolate = context->GetIsolate();
+  for (const auto& [name, callback] : functions) {
+    v8::Local<v8::Function> native;
+    if (!v8::Function::New(context, callback, v8::Local<v8::Value>(), 0,
+                           v8::ConstructorBehavior::kThrow)
+             .ToLocal(&native) ||
+        !natives->CreateDataProperty(context, v8String(isolate, name), native).FromMaybe(false)) {
+      return false;
+    }
+  }
+  return true;
+}
+
 v8::MaybeLocal<v8::Function> installFetchPrelude(v8::Local<v8::Context> context) {
   v8::Isolate* isolate = context->GetIsolate();
   v8::EscapableHandleScope scope(isolate);
-  v8::Local<v8::Function> decode;
-  if (!v8::Function::New(context, &onUtf8Decode, v8::Local<v8::Value>(), 1,
-                         v8::ConstructorBehavior::kThrow)
-           .ToLocal(&decode)) {
-    return {};
-  }
-  decode->SetName(v8String(isolate, "utf8Decode"));
   v8::Local<v8::Object> natives = v8::Object::New(isolate);
-  v8::Local<v8::Function> made;
-  if (!natives->CreateDataProperty(context, v8String(isolate, "utf8Decode"), decode)
-           .FromMaybe(false) ||
-      !runPreludeFactory(context, "toolhost:fetch", kPrelude, natives).ToLocal(&made)) {
+  if (!setNatives(context, natives,
+                  {{"utf8Decode", &onUtf8Decode},
+                   {"toBytes", &onToBytes},
+                   {"isArrayBuffer", &onIsArrayBuffer}})) {
     return {};
   }
+  v8::Local<v8::Function> made;
+  if (!runPreludeFactory(context, "toolhost:fetch", kPrelude, natives).ToLocal(&made)) return {};
   return scope.Escape(made);
 }
 
@@ -608,8 +888,13 @@ std::optional<json::object> fetchRequest(v8::Local<v8::Context> context, v8::Loc
     }
     if (!options->Get(context, v8String(isolate, "body")).ToLocal(&value)) return std::nullopt;
     bool ok = true;
-    body = readBody(context, value, ok);
+    const char* contentType = nullptr;
+    body = readBody(context, value, ok, contentType);
     if (!ok) return std::nullopt;
+    // As browsers do: a text or form body says what it is unless the tool said otherwise.
+    if (contentType != nullptr && !headers.has("content-type")) {
+      headers.addText("content-type", contentType);
+    }
     if (body && (equalsIgnoringCase(method, "GET") || equalsIgnoringCase(method, "HEAD") ||
                  equalsIgnoringCase(method, "OPTIONS"))) {
       throwInvalidArgument(context, "fetch: a " + method + " request cannot have a body");

@@ -12,8 +12,10 @@
 #include <boost/json/value.hpp>
 #include <boost/system/result.hpp>
 
+#include <initializer_list>
 #include <optional>
 #include <string_view>
+#include <utility>
 
 namespace toolhost::runtime {
 
@@ -43,6 +45,11 @@ v8::MaybeLocal<v8::Function> installFetchPrelude(v8::Local<v8::Context> context)
 // consume instead of parsing (V8 falls back to the source if it refuses the cache).
 v8::MaybeLocal<v8::Function> runPreludeFactory(v8::Local<v8::Context> context, const char* name,
                                                const char* source, v8::Local<v8::Value> argument);
+
+// Sets each callback as a function property of `natives`, the object a prelude's factory gets.
+// False if V8 refused.
+bool setNatives(v8::Local<v8::Context> context, v8::Local<v8::Object> natives,
+                std::initializer_list<std::pair<const char*, v8::FunctionCallback>> functions);
 
 // What the preludes' code caches did in this process: made, consumed, refused by V8.
 struct PreludeCacheStats {

@@ -251,6 +251,23 @@ TEST_CASE("calls run in a sandbox host process and keep their module state", "[p
   }
 }
 
+TEST_CASE("random values and digests work in a confined sandbox host", "[process][web]") {
+  ProcessFixture f;
+  auto outcome = f.call(
+      makeTool("export default async () => { const hex = (b) => Array.from(new Uint8Array(b), "
+               "(x) => x.toString(16).padStart(2, '0')).join(''); "
+               "return [crypto.getRandomValues(new Uint8Array(64)).some((x) => x !== 0), "
+               "crypto.randomUUID().length, "
+               "hex(await crypto.subtle.digest('SHA-256', new TextEncoder().encode('abc'))), "
+               "hex(await crypto.subtle.digest('SHA-1', new Uint8Array(0)))]; }"));
+  INFO(describe(outcome));
+  REQUIRE(outcome.result);
+  CHECK(
+      *outcome.result ==
+      json::parse(R"([true,36,"ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad",)"
+                  R"("da39a3ee5e6b4b0d3255bfef95601890afd80709"])"));
+}
+
 TEST_CASE("a sandbox host holds nothing of the daemon's but its socket", "[process]") {
   // A descriptor the daemon opened without close-on-exec (as some libraries do).
   toolhost::testing::TempDir dir;

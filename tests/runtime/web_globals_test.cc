@@ -1,0 +1,281 @@
+// The web globals a tool can use without any authority (runtime/web_globals.h), and the Headers
+// and Response constructors: each behaves as in browsers, and a tool that replaces built-ins
+// before using them still gets the same answers.
+#include "runtime/web_globals.h"
+#include "tests/runtime/runtime_test_support.h"
+
+#include <catch2/catch.hpp>
+
+#include <boost/json/parse.hpp>
+
+using namespace toolhost::runtime;
+using namespace toolhost::runtime::testing;
+namespace json = boost::json;
+
+namespace {
+
+// The result of a tool whose default export is `body`, or a failed check naming the failure.
+json::value run(PoolFixture& f, const std::string& body) {
+  auto outcome = f.call(makeTool("export default async () => {\n" + body + "\n}"));
+  INFO(describe(outcome));
+  REQUIRE(outcome.result);
+  return *outcome.result;
+}
+
+}  // namespace
+
+TEST_CASE("TextEncoder gives UTF-8 and encodeInto stops before a character that does not fit",
+          "[runtime][web]") {
+  PoolFixture f;
+  CHECK(run(f, "return Array.from(new TextEncoder().encode('a\\u00e9\\u20ac\\u{1F600}'))") ==
+        json::parse("[97,195,169,226,130,172,240,159,152,128]"));
+  CHECK(run(f, "return Array.from(new TextEncoder().encode('x\\ud800'))") ==
+        json::parse("[120,239,191,189]"));
+  CHECK(run(f, "return new TextEncoder().encode().length") == 0);
+  CHECK(run(f,
+            "const e = new TextEncoder(); return [e.encoding, "
+            "e.encodeInto('a\\u{1F600}b', new Uint8Array(10)), "
+            "e.encodeInto('a\\u{1F600}b', new Uint8Array(3)), "
+            "e.encodeInto('\\ud800x', new Uint8Array(10))]") ==
+        json::parse(R"(["utf-8",{"read":4,"written":6},{"read":1,"written":1},)"
+                    R"({"read":2,"written":4}])"));
+  CHECK(run(f, "try { new TextEncoder().encodeInto('a', [0]); } catch (e) { return e.name; }") ==
+        "TypeError");
+}
+
+TEST_CASE("TextDecoder decodes UTF-8 as the Encoding Standard says, streaming and fatal",
+          "[runtime][web]") {
+  PoolFixture f;
+  // Maximal subparts: E0 80 is two errors, a truncated four-byte sequence one.
+  CHECK(
+      run(f, "return new TextDecoder().decode(new Uint8Array([0xE0,0x80,0x41,0xF0,0x9F,0x98]))") ==
+      "\xEF\xBF\xBD\xEF\xBF\xBD"
+      "A"
+      "\xEF\xBF\xBD");
+  CHECK(run(f,
+            "const d = new TextDecoder(); "
+            "const a = d.decode(new Uint8Array([0xEF,0xBB,0xBF,0x61,0xE2,0x82]), {stream: true}); "
+            "return [a, d.decode(new Uint8Array([0xAC]))]") == json::parse(R"(["a","\u20ac"])"));
+  CHECK(run(f,
+            "return new TextDecoder('utf-8', {ignoreBOM: true}).decode("
+            "new Uint8Array([0xEF,0xBB,0xBF,0x61])).length") == 2);
+  CHECK(run(f, "return new TextDecoder(' UTF8 ').decode(new Uint8Array([104,105]).buffer)") ==
+        "hi");
+  CHECK(
+      run(f,
+          "return new TextDecoder().decode(new DataView(new Uint8Array([0,104,105]).buffer, 1))") ==
+      "hi");
+  CHECK(run(f, "return new TextDecoder().decode()") == "");
+  CHECK(run(f,
+            "const d = new TextDecoder('utf-8', {fatal: true}); "
+            "try { d.decode(new Uint8Array([0xFF])); } catch (e) { "
+            "return [e.name, d.fatal, d.decode(new Uint8Array([0x6F,0x6B]))]; }") ==
+        json::parse(R"(["TypeError",true,"ok"])"));
+  CHECK(run(f, "try { new TextDecoder('latin1'); } catch (e) { return e.name; }") == "RangeError");
+  CHECK(run(f, "try { new TextDecoder().decode('text'); } catch (e) { return e.name; }") ==
+        "TypeError");
+}
+
+TEST_CASE("decodeUtf8 replaces exactly the maximal subparts and keeps a streaming tail",
+          "[runtime][web]") {
+  std::size_t tail = 0;
+  CHECK(decodeUtf8("\xED\xA0\x80", false, false, tail) == u"\uFFFD\uFFFD\uFFFD");  // a surrogate
+  CHECK(decodeUtf8("\xC0\xAF", false, false, tail) == u"\uFFFD\uFFFD");            // overlong
+  CHECK(decodeUtf8("\xF4\x90\x80\x80", false, false, tail) ==
+        u"\uFFFD\uFFFD\uFFFD\uFFFD");  // past U+10FFFF
+  CHECK(decodeUtf8("\xF0\x9F\x98\x80", false, false, tail) == u"\U0001F600");
+  CHECK(decodeUtf8("ab\xF0\x9F", false, true, tail) == u"ab");
+  CHECK(tail == 2);
+  CHECK(decodeUtf8("ab\xF0\x9F", false, false, tail) == u"ab\uFFFD");
+  CHECK(tail == 0);
+  CHECK_FALSE(decodeUtf8("ab\xF0\x9F", true, false, tail));
+  CHECK(decodeUtf8("ab\xF0\x9F", true, true, tail) == u"ab");
+  CHECK_FALSE(decodeUtf8("\x80", true, true, tail));
+}
+
+TEST_CASE("atob and btoa follow the forgiving base64 of the HTML standard", "[runtime][web]") {
+  PoolFixture f;
+  CHECK(run(f,
+            "return [atob(' YW Jj\\n'), atob('YQ'), atob('YQ=='), btoa('\\xff\\xfe'), "
+            "btoa(''), atob('')]") == json::parse(R"(["abc","a","a","//4=","",""])"));
+  CHECK(run(f,
+            "const name = (f) => { try { f(); return 'none'; } catch (e) { "
+            "return e.name + ' ' + e.code + ' ' + (e instanceof DOMException) + ' ' + "
+            "(e instanceof Error); } }; "
+            "return [name(() => atob('a')), name(() => atob('YQ=')), name(() => atob('Y===')), "
+            "name(() => btoa('\\u20ac'))]") ==
+        json::parse(R"(["InvalidCharacterError 5 true true","InvalidCharacterError 5 true true",)"
+                    R"("InvalidCharacterError 5 true true","InvalidCharacterError 5 true true"])"));
+  CHECK(run(f, "return Array.from(atob('gP8='), (c) => c.charCodeAt(0))") ==
+        json::parse("[128,255]"));
+}
+
+TEST_CASE("crypto gives random values, version 4 UUIDs and SHA digests", "[runtime][web]") {
+  PoolFixture f;
+  CHECK(run(f,
+            "const a = crypto.getRandomValues(new Uint8Array(32)); "
+            "const b = crypto.getRandomValues(new Uint32Array(8)); "
+            "return [a.some((x) => x !== 0), b.some((x) => x !== 0), a.length]") ==
+        json::parse("[true,true,32]"));
+  CHECK(
+      run(f,
+          "const u = crypto.randomUUID(); "
+          "return [/^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$/.test(u),"
+          " u !== crypto.randomUUID()]") == json::parse("[true,true]"));
+  CHECK(run(f,
+            "const name = (f) => { try { f(); return 'none'; } catch (e) { return e.name; } }; "
+            "return [name(() => crypto.getRandomValues(new Float64Array(2))), "
+            "name(() => crypto.getRandomValues(new Uint8Array(65537))), "
+            "name(() => crypto.getRandomValues(new Uint8Array(65536)))]") ==
+        json::parse(R"(["TypeMismatchError","QuotaExceededError","none"])"));
+  CHECK(run(f,
+            "const hex = (b) => Array.from(new Uint8Array(b), "
+            "(x) => x.toString(16).padStart(2, '0')).join(''); "
+            "const abc = new TextEncoder().encode('abc'); "
+            "return [hex(await crypto.subtle.digest('SHA-256', abc)), "
+            "hex(await crypto.subtle.digest({name: 'sha-1'}, abc.buffer)), "
+            "(await crypto.subtle.digest('SHA-384', abc)).byteLength, "
+            "(await crypto.subtle.digest('SHA-512', new DataView(abc.buffer))).byteLength, "
+            "await crypto.subtle.digest('MD5', abc).catch((e) => e.name), "
+            "await crypto.subtle.digest('SHA-256', 'abc').catch((e) => e.name)]") ==
+        json::parse(R"(["ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad",)"
+                    R"("a9993e364706816aba3e25717850c26c9cd0d89d",48,64,"NotSupportedError",)"
+                    R"("TypeError"])"));
+}
+
+TEST_CASE("Headers can be made, changed and passed to fetch, a Response's stay immutable",
+          "[runtime][web][fetch]") {
+  PoolFixture f;
+  CHECK(run(f,
+            "const h = new Headers([['B', '2'], ['a', '1'], ['b', '3']]); "
+            "h.append('Set-Cookie', 'x=1'); h.append('set-cookie', 'y=2'); h.append('X', ' y\\t'); "
+            "return [[...h], h.get('b'), h.has('A'), h.getSetCookie()]") ==
+        json::parse(R"([[["a","1"],["b","2, 3"],["set-cookie","x=1"],["set-cookie","y=2"],)"
+                    R"(["x","y"]],"2, 3",true,["x=1","y=2"]])"));
+  CHECK(run(f,
+            "const h = new Headers({Accept: 'a', 'X-One': 1}); h.set('accept', 'b'); "
+            "h.delete('x-one'); const seen = []; h.forEach((v, k) => seen.push(k + '=' + v)); "
+            "return [seen, new Headers(h).get('accept')]") == json::parse(R"([["accept=b"],"b"])"));
+  CHECK(
+      run(f,
+          "const name = (f) => { try { f(); return 'none'; } catch (e) { return e.name; } }; "
+          "const h = new Headers(); "
+          "return [name(() => h.append('bad name', '1')), name(() => h.append('x', 'a\\nb')), "
+          "name(() => h.set('x', '\\u20ac')), name(() => new Headers(null)), "
+          "name(() => new Headers([['a']])), name(() => new Headers(5))]") ==
+      json::parse(R"(["TypeError","TypeError","TypeError","TypeError","TypeError","TypeError"])"));
+
+  // A Headers goes to fetch as its entries.
+  f.host.onOperation(
+      [](const std::string&, const json::value&, std::shared_ptr<HostOperation> operation) {
+        operation->complete(json::value(
+            json::object{{"status", 200},
+                         {"statusText", "OK"},
+                         {"url", "https://example.com/"},
+                         {"headers", json::array{json::array{"content-type", "text/plain"}}},
+                         {"bodyBase64", ""}}));
+      });
+  auto outcome = f.call(makeTool(
+      "export default async () => { const r = await fetch(new URL('https://example.com/'), "
+      "{headers: new Headers({'X-Key': 'v'})}); "
+      "try { r.headers.set('a', 'b'); } catch (e) { return [e.name, r.headers.get('content-type'), "
+      "r instanceof Response, r.headers instanceof Headers]; } }"));
+  INFO(describe(outcome));
+  REQUIRE(outcome.result);
+  CHECK(*outcome.result == json::parse(R"(["TypeError","text/plain",true,true])"));
+  CHECK(f.host.operations() ==
+        std::vector<std::string>{
+            R"(fetch {"url":"https://example.com/","method":"GET","headers":[["x-key","v"]]})"});
+}
+
+TEST_CASE("a Response can be made from text, bytes or JSON", "[runtime][web][fetch]") {
+  PoolFixture f;
+  CHECK(run(f,
+            "const r = new Response('h\\u00e9llo', {status: 201, statusText: 'Made', "
+            "headers: {'X-A': '1'}}); "
+            "return [r.status, r.statusText, r.ok, [...r.headers], await r.text(), r.bodyUsed]") ==
+        json::parse(R"([201,"Made",true,[["content-type","text/plain;charset=UTF-8"],["x-a","1"]],)"
+                    R"("h\u00e9llo",true])"));
+  CHECK(run(f,
+            "const bytes = new Uint8Array([1, 2, 3]); const r = new Response(bytes); bytes[0] = 9; "
+            "return [Array.from(new Uint8Array(await r.arrayBuffer())), "
+            "r.headers.has('content-type')]") == json::parse("[[1,2,3],false]"));
+  CHECK(run(f,
+            "const r = Response.json({a: [1]}, {status: 202}); "
+            "return [r.status, r.headers.get('content-type'), await r.json()]") ==
+        json::parse(R"([202,"application/json",{"a":[1]}])"));
+  CHECK(run(f,
+            "return [await new Response().text(), (await new "
+            "Response(null).arrayBuffer()).byteLength]") == json::parse(R"(["",0])"));
+  CHECK(run(f,
+            "const name = (f) => { try { f(); return 'none'; } catch (e) { return e.name; } }; "
+            "return [name(() => new Response('x', {status: 204})), "
+            "name(() => new Response('x', {status: 99})), name(() => new Response('x', {status: "
+            "200.5})), "
+            "name(() => Response.json(undefined))]") ==
+        json::parse(R"(["TypeError","RangeError","RangeError","TypeError"])"));
+}
+
+TEST_CASE("the web globals are lazy, not enumerable, and made once per sandbox", "[runtime][web]") {
+  PoolFixture f;
+  CHECK(run(f,
+            "return Object.keys(globalThis).filter((k) => ['TextEncoder', 'atob', 'crypto', "
+            "'URL', 'Headers'].includes(k))") == json::array{});
+  auto tool = makeTool(
+      "export default () => { const same = globalThis.seen === undefined || "
+      "globalThis.seen === TextDecoder; globalThis.seen = TextDecoder; "
+      "return [same, typeof TextDecoder, typeof atob, typeof crypto.subtle.digest, "
+      "Object.getOwnPropertyDescriptor(globalThis, 'atob').enumerable]; }");
+  for (int i = 0; i < 2; ++i) {
+    auto outcome = f.call(tool);
+    INFO(describe(outcome));
+    REQUIRE(outcome.result);
+    CHECK(*outcome.result == json::parse(R"([true,"function","function","function",false])"));
+  }
+  // A tool may replace a global like any other.
+  CHECK(run(f, "globalThis.atob = () => 'mine'; return atob('YQ==')") == "mine");
+}
+
+TEST_CASE("a tool replacing built-ins cannot break the web globals", "[runtime][web]") {
+  PoolFixture f;
+  CHECK(run(f,
+            "const boom = () => { throw new Error('replaced'); }; "
+            "for (const p of [String.prototype, Array.prototype]) { "
+            "for (const k of Object.getOwnPropertyNames(p)) { "
+            "if (k !== 'constructor' && k !== 'length') { try { p[k] = boom; } catch {} } } } "
+            "globalThis.String = boom; globalThis.Promise = boom; globalThis.Uint8Array = boom; "
+            "const d = new TextDecoder(); const h = new Headers({A: ' 1 '}); h.append('b', '2'); "
+            "return [d.decode(new TextEncoder().encode('ok')), btoa('a'), atob('YQ=='), "
+            "crypto.randomUUID().length, h.get('a'), new Response('x').status]") ==
+        json::parse(R"(["ok","YQ==","a",36,"1",200])"));
+}
+
+TEST_CASE("a text or URLSearchParams body gets the Content-Type browsers give it",
+          "[runtime][web][fetch]") {
+  PoolFixture f;
+  f.host.onOperation(
+      [](const std::string&, const json::value&, std::shared_ptr<HostOperation> operation) {
+        operation->complete(json::value(json::object{{"status", 204},
+                                                     {"statusText", "No Content"},
+                                                     {"url", "https://example.com/"},
+                                                     {"headers", json::array{}},
+                                                     {"bodyBase64", ""}}));
+      });
+  auto outcome = f.call(makeTool(
+      "export default async () => { const url = 'https://example.com/'; "
+      "await fetch(url, {method: 'POST', body: 'x'}); "
+      "await fetch(url, {method: 'POST', body: new URLSearchParams({a: '1 2', b: '\\u00e9'})}); "
+      "await fetch(url, {method: 'PUT', headers: {'Content-Type': 'application/json'}, body: "
+      "'{}'}); "
+      "await fetch(url, {method: 'POST', body: new Uint8Array([120])}); "
+      "return 'sent'; }"));
+  INFO(describe(outcome));
+  REQUIRE(outcome.result);
+  CHECK(
+      f.host.operations() ==
+      std::vector<std::string>{
+          R"(fetch {"url":"https://example.com/","method":"POST","headers":[["content-type","text/plain;charset=UTF-8"]],"bodyBase64":"eA=="})",
+          R"(fetch {"url":"https://example.com/","method":"POST","headers":[["content-type","application/x-www-form-urlencoded;charset=UTF-8"]],"bodyBase64":"YT0xKzImYj0lQzMlQTk="})",
+          R"(fetch {"url":"https://example.com/","method":"PUT","headers":[["Content-Type","application/json"]],"bodyBase64":"e30="})",
+          R"(fetch {"url":"https://example.com/","method":"POST","headers":[],"bodyBase64":"eA=="})"});
+}

@@ -428,6 +428,11 @@ void onToBytes(const v8::FunctionCallbackInfo<v8::Value>& info) {
   v8::Local<v8::ArrayBuffer> out;
   if (info[0]->IsString()) {
     auto text = info[0].As<v8::String>();
+    // At least a byte per character: past the limit, refused before a rope is flattened.
+    if (static_cast<std::size_t>(text->Length()) > sandbox.arrayBufferLimit()) {
+      (void)sandbox.newArrayBuffer(static_cast<std::size_t>(text->Length()));
+      return;
+    }
     const int length = text->Utf8Length(isolate);
     if (!sandbox.newArrayBuffer(static_cast<std::size_t>(length)).ToLocal(&out)) return;
     if (length > 0) {

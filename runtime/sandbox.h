@@ -112,6 +112,8 @@ class Sandbox {
   // (never V8's fatal out-of-memory path). Empty when refused: the call is then killed with the
   // ArrayBuffer limit.
   v8::MaybeLocal<v8::ArrayBuffer> newArrayBuffer(std::size_t length);
+  // The ArrayBuffer limit in bytes: also what the runtime's natives copy of a tool's data at most.
+  std::size_t arrayBufferLimit() const { return allocator_->limit(); }
   const Prelude& prelude() const { return prelude_; }
   void appendLog(std::string_view level, std::string_view text);
   ToJsonOptions toJsonOptions(const char* what) const;

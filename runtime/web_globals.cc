@@ -283,6 +283,19 @@ void throwTypeError(v8::Isolate* isolate, const std::string& message) {
   isolate->ThrowException(v8::Exception::TypeError(v8String(isolate, message)));
 }
 
+// Whether `text` is short enough to copy out of the heap: a tool's string may be a rope of a
+// gigabyte that costs the heap little, and the natives below copy what they read. Bounded by the
+// call's ArrayBuffer limit; throws a RangeError otherwise.
+bool copyable(v8::Isolate* isolate, v8::Local<v8::String> text, const char* what) {
+  const std::size_t limit = Sandbox::from(isolate).arrayBufferLimit();
+  if (static_cast<std::size_t>(text->Length()) <= limit) return true;
+  isolate->ThrowException(v8::Exception::RangeError(
+      v8String(isolate, std::string(what) + ": the string has " + std::to_string(text->Length()) +
+                            " characters, more than the call's ArrayBuffer limit of " +
+                            std::to_string(limit) + " bytes")));
+  return false;
+}
+
 // A JavaScript string of UTF-16 units, one-byte when every unit fits.
 v8::MaybeLocal<v8::String> fromUtf16(v8::Isolate* isolate, const std::u16string& text) {
   if (text.size() > static_cast<std::size_t>(v8::String::kMaxLength)) return {};
@@ -308,9 +321,16 @@ void onEncode(const v8::FunctionCallbackInfo<v8::Value>& info) {
   v8::HandleScope scope(isolate);
   if (info.Length() < 1 || !info[0]->IsString()) return throwTypeError(isolate, "not a string");
   auto text = info[0].As<v8::String>();
+  Sandbox& sandbox = Sandbox::from(isolate);
+  // Its UTF-8 has at least as many bytes as it has characters: past the limit, the allocation is
+  // refused (and the call killed) before a rope is flattened to measure it.
+  if (static_cast<std::size_t>(text->Length()) > sandbox.arrayBufferLimit()) {
+    (void)sandbox.newArrayBuffer(static_cast<std::size_t>(text->Length()));
+    return;
+  }
   const int length = text->Utf8Length(isolate);
   v8::Local<v8::ArrayBuffer> buffer;
-  if (!Sandbox::from(isolate).newArrayBuffer(static_cast<std::size_t>(length)).ToLocal(&buffer)) {
+  if (!sandbox.newArrayBuffer(static_cast<std::size_t>(length)).ToLocal(&buffer)) {
     return;
   }
   if (length > 0) {
@@ -478,6 +498,7 @@ void onBase64Encode(const v8::FunctionCallbackInfo<v8::Value>& info) {
   v8::HandleScope scope(isolate);
   if (info.Length() < 1 || !info[0]->IsString()) return;
   auto text = info[0].As<v8::String>();
+  if (!copyable(isolate, text, "btoa")) return;
   const int length = text->Length();
   // base64 of n bytes is 4/3 n characters: refuse what could not be a string afterwards.
   if (static_cast<std::size_t>(length) / 3 * 4 + 4 >
@@ -514,6 +535,7 @@ void onBase64Decode(const v8::FunctionCallbackInfo<v8::Value>& info) {
   v8::HandleScope scope(isolate);
   if (info.Length() < 1 || !info[0]->IsString()) return;
   auto text = info[0].As<v8::String>();
+  if (!copyable(isolate, text, "atob")) return;
   const int length = text->Length();
   std::u16string units(static_cast<std::size_t>(length), u'\0');
   text->Write(isolate, reinterpret_cast<std::uint16_t*>(units.data()), 0, length,

@@ -279,3 +279,22 @@ TEST_CASE("a text or URLSearchParams body gets the Content-Type browsers give it
           R"(fetch {"url":"https://example.com/","method":"PUT","headers":[["Content-Type","application/json"]],"bodyBase64":"e30="})",
           R"(fetch {"url":"https://example.com/","method":"POST","headers":[],"bodyBase64":"eA=="})"});
 }
+
+TEST_CASE("a huge string is refused before the natives copy it out of the heap",
+          "[runtime][web][limits]") {
+  PoolFixture f;
+  // A rope of 268 million characters costs the heap little; a copy would cost gigabytes.
+  CHECK(run(f,
+            "const s = 'ab'.repeat(2 ** 27); const name = (f) => { try { f(); return 'none'; } "
+            "catch (e) { return e.name; } }; return [name(() => btoa(s)), name(() => atob(s))]") ==
+        json::parse(R"(["RangeError","RangeError"])"));
+  for (const char* use : {"new TextEncoder().encode(s)", "new Response(s)"}) {
+    INFO(use);
+    auto outcome =
+        f.call(makeTool(std::string("export default () => { const s = 'ab'.repeat(2 ** 27); ") +
+                        use + "; return 'copied'; }"));
+    INFO(describe(outcome));
+    CHECK(errc(outcome) == CallErrc::arrayBufferLimit);
+  }
+  CHECK(run(f, "return 'still here'") == "still here");
+}

@@ -44,6 +44,7 @@ constexpr const char* kPrelude = R"JS((function (natives) {
   const utf8Decode = natives.utf8Decode;
   const toBytes = natives.toBytes;
   const isArrayBuffer = natives.isArrayBuffer;
+  const formBody = natives.formBody;
   const isView = ArrayBuffer.isView;
   const ArrayBufferCtor = ArrayBuffer;
   const NumberCtor = Number;
@@ -141,10 +142,18 @@ constexpr const char* kPrelude = R"JS((function (natives) {
     }
     return stringSlice(text, start, end);
   }
+  // Internal lists have no prototype: writing an index cannot reach a setter a tool put on
+  // Array.prototype or Object.prototype.
+  function newList() { return ObjectSetPrototypeOf([], null); }
+  function appendTo(list, name, value, method) {
+    const key = checkedName(name, method);
+    const text = checkedValue(value, method);
+    list[list.length] = [key, text];
+  }
   // A Headers' entries as iteration shows them: sorted by name, values of one name combined
   // with ", " (set-cookie's kept apart).
   function sortedAndCombined(list) {
-    const sorted = [];
+    const sorted = newList();
     for (let i = 0; i < list.length; i++) {
       const entry = list[i];
       let at = sorted.length;
@@ -153,7 +162,7 @@ constexpr const char* kPrelude = R"JS((function (natives) {
       for (let j = sorted.length; j > at; j--) sorted[j] = sorted[j - 1];
       sorted[at] = [entry[0], entry[1]];
     }
-    const out = [];
+    const out = newList();
     for (let i = 0; i < sorted.length; i++) {
       const last = out.length > 0 ? out[out.length - 1] : null;
       if (last !== null && last[0] === sorted[i][0] && sorted[i][0] !== 'set-cookie') {
@@ -174,7 +183,8 @@ constexpr const char* kPrelude = R"JS((function (natives) {
         this.#immutable = true;
         return;
       }
-      this.#list = [];
+      const own = newList();
+      this.#list = own;
       this.#immutable = false;
       if (init === undefined || init === null) {
         if (init === null) throw new TypeErrorCtor('Headers: init must be an object');
@@ -188,19 +198,19 @@ constexpr const char* kPrelude = R"JS((function (natives) {
         if (typeof iterate !== 'function') {
           throw new TypeErrorCtor('Headers: init[Symbol.iterator] is not a function');
         }
-        const pairs = [];
+        const pairs = newList();
         for (const pair of init) {
           if (pair === null || (typeof pair !== 'object' && typeof pair !== 'function')) {
             throw new TypeErrorCtor('Headers: each header in a list must be a [name, value] pair');
           }
-          const items = [];
+          const items = newList();
           for (const item of pair) items[items.length] = item;
           if (items.length !== 2) {
             throw new TypeErrorCtor('Headers: each header in a list must be a [name, value] pair');
           }
           pairs[pairs.length] = items;
         }
-        for (let i = 0; i < pairs.length; i++) this.append(pairs[i][0], pairs[i][1]);
+        for (let i = 0; i < pairs.length; i++) appendTo(own, pairs[i][0], pairs[i][1], 'append');
         return;
       }
       const keys = ReflectOwnKeys(init);
@@ -209,14 +219,14 @@ constexpr const char* kPrelude = R"JS((function (natives) {
         if (typeof key === 'symbol') continue;
         const descriptor = ReflectGetOwnPropertyDescriptor(init, key);
         if (descriptor === undefined || !descriptor.enumerable) continue;
-        this.append(key, init[key]);
+        appendTo(own, key, init[key], 'append');
       }
     }
     #mutable(method) {
       if (this.#immutable) throw new TypeErrorCtor('Headers.' + method + ': ' + immutableMessage);
     }
     get(name) {
-      const key = headerName(name, 'get');
+      const key = checkedName(name, 'get');
       const list = this.#list;
       let out = null;
       for (let i = 0; i < list.length; i++) {
@@ -225,7 +235,7 @@ constexpr const char* kPrelude = R"JS((function (natives) {
       return out;
     }
     has(name) {
-      const key = headerName(name, 'has');
+      const key = checkedName(name, 'has');
       const list = this.#list;
       for (let i = 0; i < list.length; i++) {
         if (list[i][0] === key) return true;
@@ -242,17 +252,14 @@ constexpr const char* kPrelude = R"JS((function (natives) {
     }
     append(name, value) {
       this.#mutable('append');
-      const key = checkedName(name, 'append');
-      const text = checkedValue(value, 'append');
-      const list = this.#list;
-      list[list.length] = [key, text];
+      appendTo(this.#list, name, value, 'append');
     }
     set(name, value) {
       this.#mutable('set');
       const key = checkedName(name, 'set');
       const text = checkedValue(value, 'set');
       const list = this.#list;
-      const kept = [];
+      const kept = newList();
       let placed = false;
       for (let i = 0; i < list.length; i++) {
         if (list[i][0] !== key) {
@@ -269,7 +276,7 @@ constexpr const char* kPrelude = R"JS((function (natives) {
       this.#mutable('delete');
       const key = checkedName(name, 'delete');
       const list = this.#list;
-      const kept = [];
+      const kept = newList();
       for (let i = 0; i < list.length; i++) {
         if (list[i][0] !== key) kept[kept.length] = list[i];
       }
@@ -292,13 +299,15 @@ constexpr const char* kPrelude = R"JS((function (natives) {
   define(Headers.prototype, SymbolIterator, Headers.prototype.entries, false);
   define(Headers.prototype, SymbolToStringTag, 'Headers', false);
 
+  let jsonBody = false;  // set by Response.json for the constructor it calls
   class Response {
     #status;
     #statusText;
     #url;
     #headers;
-    #body;  // an ArrayBuffer until a body method takes it
+    #body;  // an ArrayBuffer until a body method takes it; null for none
     #bodyUsed = false;
+    #type = 'basic';
     constructor(body = null, init = undefined) {
       if (body === kHost) {
         // From the host: (kHost, status, statusText, url, headers, body).
@@ -310,20 +319,39 @@ constexpr const char* kPrelude = R"JS((function (natives) {
         this.#body = made[5];
         return;
       }
+      // Response.json's body: JSON unless the caller gave a Content-Type.
+      const isJson = jsonBody;
+      jsonBody = false;
       if (init !== undefined && init !== null && typeof init !== 'object' &&
           typeof init !== 'function') {
         throw new TypeErrorCtor('Response: init must be an object');
       }
-      const status = init == null || init.status === undefined ? 200 : NumberCtor(init.status);
-      if (!(status >= 200 && status <= 599) || status !== MathTrunc(status)) {
-        throw new RangeErrorCtor('Response: status must be an integer from 200 to 599');
+      const givenStatus = init == null ? undefined : init.status;
+      const givenText = init == null ? undefined : init.statusText;
+      const givenHeaders = init == null ? undefined : init.headers;
+      // An unsigned short, as WebIDL converts it: 200.5 is 200.
+      let status = 200;
+      if (givenStatus !== undefined) {
+        const number = NumberCtor(givenStatus);
+        status = number !== number || number === 1 / 0 || number === -1 / 0
+            ? 0 : MathTrunc(number) % 65536;
+        if (status < 0) status += 65536;
       }
-      const statusText = init == null || init.statusText === undefined
-          ? '' : StringCtor(init.statusText);
+      if (status < 200 || status > 599) {
+        throw new RangeErrorCtor('Response: status must be from 200 to 599');
+      }
+      const statusText = givenText === undefined ? '' : StringCtor(givenText);
+      for (let i = 0; i < statusText.length; i++) {
+        const c = charCodeAt(statusText, i);
+        if (!(c === 0x09 || (c >= 0x20 && c <= 0x7e) || (c >= 0x80 && c <= 0xff))) {
+          throw new TypeErrorCtor('Response: statusText has a character a status line cannot carry');
+        }
+      }
       this.#status = status;
       this.#statusText = statusText;
       this.#url = '';
-      this.#headers = new Headers(init == null ? undefined : init.headers);
+      this.#type = 'default';
+      this.#headers = new Headers(givenHeaders);
       if (body === null || body === undefined) {
         this.#body = null;
         return;
@@ -331,22 +359,25 @@ constexpr const char* kPrelude = R"JS((function (natives) {
       if (status === 204 || status === 205 || status === 304) {
         throw new TypeErrorCtor('Response: a ' + status + ' response cannot have a body');
       }
-      const isText = typeof body !== 'object' ||
-          !(isArrayBuffer(body) || isView(body));
+      const form = formBody(body);
+      const isText = form === undefined &&
+          (typeof body !== 'object' || !(isArrayBuffer(body) || isView(body)));
       // Bytes are copied: a later change to the caller's buffer does not reach the body.
-      this.#body = toBytes(isText ? StringCtor(body) : body);
-      if (isText && !this.#headers.has('content-type')) {
-        this.#headers.set('content-type', 'text/plain;charset=UTF-8');
+      this.#body = toBytes(form !== undefined ? form : isText ? StringCtor(body) : body);
+      const type = isJson ? 'application/json'
+          : form !== undefined ? 'application/x-www-form-urlencoded;charset=UTF-8'
+          : isText ? 'text/plain;charset=UTF-8' : null;
+      if (type !== null && !this.#headers.has('content-type')) {
+        this.#headers.set('content-type', type);
       }
     }
     static json(data, init = undefined) {
       const text = JSONStringify(data);
       if (text === undefined) throw new TypeErrorCtor('Response.json: the data is not JSON');
-      const response = new Response(text, init);
-      response.headers.set('content-type', 'application/json');
-      return response;
+      jsonBody = true;
+      return new Response(text, init);
     }
-    get type() { return 'basic'; }
+    get type() { return this.#type; }
     get url() { return this.#url; }
     get redirected() { return false; }
     get status() { return this.#status; }
@@ -355,6 +386,8 @@ constexpr const char* kPrelude = R"JS((function (natives) {
     get headers() { return this.#headers; }
     get bodyUsed() { return this.#bodyUsed; }
     #take() {
+      // A null body reads as empty, as often as asked.
+      if (this.#body === null && !this.#bodyUsed) return new ArrayBufferCtor(0);
       if (this.#bodyUsed) throw new TypeErrorCtor('body already used');
       this.#bodyUsed = true;
       const body = this.#body;
@@ -460,6 +493,41 @@ void onToBytes(const v8::FunctionCallbackInfo<v8::Value>& info) {
     return;
   }
   info.GetReturnValue().Set(out);
+}
+
+// The text of `value` when it is a URLSearchParams of this context (its prelude loaded), else
+// empty with `ok` true; `ok` false with an exception pending.
+v8::MaybeLocal<v8::String> searchParamsText(v8::Local<v8::Context> context,
+                                            v8::Local<v8::Value> value, bool& ok) {
+  ok = true;
+  v8::Local<v8::Value> searchParams;
+  v8::Local<v8::String> text;
+  bool isParams = false;
+  if (!value->IsObject() || value->IsArrayBuffer() || value->IsArrayBufferView() ||
+      !loadedWebGlobal(context, "URLSearchParams").ToLocal(&searchParams) ||
+      !searchParams->IsFunction()) {
+    return {};
+  }
+  if (!value->InstanceOf(context, searchParams.As<v8::Object>()).To(&isParams)) {
+    ok = false;
+    return {};
+  }
+  if (!isParams) return {};
+  if (!value->ToString(context).ToLocal(&text)) {
+    ok = false;
+    return {};
+  }
+  return text;
+}
+
+// formBody(value) -> the text of a URLSearchParams, or undefined. Native, for the prelude.
+void onFormBody(const v8::FunctionCallbackInfo<v8::Value>& info) {
+  if (info.Length() < 1) return;
+  bool ok = true;
+  v8::Local<v8::String> text;
+  if (searchParamsText(info.GetIsolate()->GetCurrentContext(), info[0], ok).ToLocal(&text)) {
+    info.GetReturnValue().Set(text);
+  }
 }
 
 void onIsArrayBuffer(const v8::FunctionCallbackInfo<v8::Value>& info) {
@@ -631,25 +699,12 @@ std::optional<std::string> readBody(v8::Local<v8::Context> context, v8::Local<v8
   contentType = nullptr;
   if (body->IsNullOrUndefined()) return std::nullopt;
   // URLSearchParams goes as its text, form-encoded, as browsers send it.
-  if (body->IsObject() && !body->IsArrayBuffer() && !body->IsArrayBufferView()) {
-    v8::Local<v8::Value> searchParams;
-    v8::Local<v8::String> text;
-    if (loadedWebGlobal(context, "URLSearchParams").ToLocal(&searchParams) &&
-        searchParams->IsFunction()) {
-      bool isParams = false;
-      if (!body->InstanceOf(context, searchParams.As<v8::Object>()).To(&isParams)) {
-        ok = false;
-        return std::nullopt;
-      }
-      if (isParams) {
-        if (!body->ToString(context).ToLocal(&text)) {
-          ok = false;
-          return std::nullopt;
-        }
-        body = text;
-        contentType = "application/x-www-form-urlencoded;charset=UTF-8";
-      }
-    }
+  v8::Local<v8::String> form;
+  if (searchParamsText(context, body, ok).ToLocal(&form)) {
+    body = form;
+    contentType = "application/x-www-form-urlencoded;charset=UTF-8";
+  } else if (!ok) {
+    return std::nullopt;
   }
   // Measured before it is copied: a larger body could never be sent (kMaxOutstandingRequestBytes).
   auto tooLarge = [&] {
@@ -817,7 +872,8 @@ v8::MaybeLocal<v8::Function> installFetchPrelude(v8::Local<v8::Context> context)
   if (!setNatives(context, natives,
                   {{"utf8Decode", &onUtf8Decode},
                    {"toBytes", &onToBytes},
-                   {"isArrayBuffer", &onIsArrayBuffer}})) {
+                   {"isArrayBuffer", &onIsArrayBuffer},
+                   {"formBody", &onFormBody}})) {
     return {};
   }
   v8::Local<v8::Function> made;

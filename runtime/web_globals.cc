@@ -1,5 +1,6 @@
 #include "runtime/web_globals.h"
 
+#include "protocol/json_parse.h"
 #include "runtime/base64.h"
 #include "runtime/fetch_api.h"
 #include "runtime/json_bridge.h"
@@ -9,6 +10,7 @@
 #include <openssl/evp.h>
 #include <sys/random.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <iterator>
@@ -390,40 +392,114 @@ std::optional<std::string_view> bufferBytes(v8::Local<v8::Value> value) {
   return std::nullopt;
 }
 
+// The length of an incomplete but so far valid UTF-8 sequence that ends `bytes` (0 if none): what
+// a streaming decode leaves for the next chunk. A lead byte never continues a sequence, so the
+// sequence starts at the last lead byte among the final three, if the bytes after it fit.
+std::size_t incompleteTail(std::string_view bytes) {
+  for (std::size_t back = 1; back <= 3 && back <= bytes.size(); ++back) {
+    const unsigned byte = static_cast<unsigned char>(bytes[bytes.size() - back]);
+    if (byte >= 0x80 && byte <= 0xBF) continue;
+    const std::size_t length = byte >= 0xC2 && byte <= 0xDF   ? 2
+                               : byte >= 0xE0 && byte <= 0xEF ? 3
+                               : byte >= 0xF0 && byte <= 0xF4 ? 4
+                                                              : 0;
+    if (length <= back) return 0;
+    if (back >= 2) {
+      const unsigned second = static_cast<unsigned char>(bytes[bytes.size() - back + 1]);
+      const unsigned lower = byte == 0xE0 ? 0xA0 : byte == 0xF0 ? 0x90 : 0x80;
+      const unsigned upper = byte == 0xED ? 0x9F : byte == 0xF4 ? 0x8F : 0xBF;
+      if (second < lower || second > upper) return 0;
+    }
+    return back;
+  }
+  return 0;
+}
+
+bool validUtf8(std::string_view bytes) {
+  for (std::size_t i = 0; i < bytes.size();) {
+    if (static_cast<unsigned char>(bytes[i]) < 0x80) {
+      ++i;
+      continue;
+    }
+    const std::size_t length = protocol::utf8SequenceAt(bytes, i);
+    if (length == 0) return false;
+    i += length;
+  }
+  return true;
+}
+
 // decode(input, pending: Uint8Array | null, fatal, stream) -> [text, tail: Uint8Array | null].
+// The bulk of the input is decoded by V8 straight into the heap (its decoder replaces invalid
+// sequences as the Encoding Standard says), so the only copies outside the heap are a few bytes
+// around a sequence the previous chunk ended inside.
 void onDecode(const v8::FunctionCallbackInfo<v8::Value>& info) {
   v8::Isolate* isolate = info.GetIsolate();
   v8::HandleScope scope(isolate);
-  std::string bytes;
+  std::string_view pending, input;
   if (info.Length() >= 2 && !info[1]->IsNullOrUndefined()) {
-    if (auto pending = bufferBytes(info[1])) bytes.append(*pending);
+    pending = bufferBytes(info[1]).value_or(std::string_view());
   }
   if (info.Length() >= 1 && !info[0]->IsUndefined()) {
-    auto input = bufferBytes(info[0]);
-    if (!input) {
+    auto bytes = bufferBytes(info[0]);
+    if (!bytes) {
       return throwTypeError(isolate,
                             "TextDecoder.decode: the input must be an ArrayBuffer, a TypedArray "
                             "or a DataView");
     }
-    bytes.append(*input);
+    input = *bytes;
   }
   const bool fatal = info.Length() >= 3 && info[2]->BooleanValue(isolate);
   const bool stream = info.Length() >= 4 && info[3]->BooleanValue(isolate);
-  std::size_t tail = 0;
-  auto decoded = decodeUtf8(bytes, fatal, stream, tail);
-  if (!decoded) return throwTypeError(isolate, "TextDecoder.decode: the data is not valid UTF-8");
-  v8::Local<v8::String> text;
-  if (!fromUtf16(isolate, *decoded).ToLocal(&text)) {
+  const auto invalid = [isolate] {
+    throwTypeError(isolate, "TextDecoder.decode: the data is not valid UTF-8");
+  };
+  const auto tooLong = [isolate] {
     if (isolate->IsExecutionTerminating()) return;
     isolate->ThrowException(
         v8::Exception::RangeError(v8String(isolate, "TextDecoder.decode: the text is too long")));
-    return;
+  };
+
+  // The sequence the last chunk ended inside, with the few bytes that finish it (or show it
+  // broken): at most 3 + 3 bytes, decoded here.
+  v8::Local<v8::String> text = v8::String::Empty(isolate);
+  std::string tailBytes;
+  if (!pending.empty()) {
+    const std::size_t taken = std::min<std::size_t>(input.size(), 3);
+    std::string head(pending);
+    head.append(input.substr(0, taken));
+    const bool more = taken < input.size();
+    std::size_t headTail = 0;
+    auto decoded = decodeUtf8(head, fatal, stream || more, headTail);
+    if (!decoded) return invalid();
+    if (!fromUtf16(isolate, *decoded).ToLocal(&text)) return tooLong();
+    if (!more) {
+      tailBytes = head.substr(head.size() - headTail);
+      input = std::string_view();
+    } else {
+      // What is left undecoded of the head is the start of a sequence within the input's first
+      // bytes: the input resumes there.
+      input = input.substr(taken - headTail);
+    }
+  }
+  if (!input.empty()) {
+    const std::size_t tail = stream ? incompleteTail(input) : 0;
+    const std::string_view body = input.substr(0, input.size() - tail);
+    tailBytes = std::string(input.substr(input.size() - tail));
+    if (fatal && !validUtf8(body)) return invalid();
+    if (body.size() > static_cast<std::size_t>(v8::String::kMaxLength)) return tooLong();
+    v8::Local<v8::String> decoded;
+    if (!v8::String::NewFromUtf8(isolate, body.data(), v8::NewStringType::kNormal,
+                                 static_cast<int>(body.size()))
+             .ToLocal(&decoded)) {
+      return tooLong();
+    }
+    text = v8::String::Concat(isolate, text, decoded);
   }
   v8::Local<v8::Value> tailValue = v8::Null(isolate);
-  if (tail > 0) {
-    auto buffer = v8::ArrayBuffer::New(isolate, tail);
-    std::memcpy(buffer->GetBackingStore()->Data(), bytes.data() + bytes.size() - tail, tail);
-    tailValue = v8::Uint8Array::New(buffer, 0, tail);
+  if (!tailBytes.empty()) {
+    auto buffer = v8::ArrayBuffer::New(isolate, tailBytes.size());
+    std::memcpy(buffer->GetBackingStore()->Data(), tailBytes.data(), tailBytes.size());
+    tailValue = v8::Uint8Array::New(buffer, 0, tailBytes.size());
   }
   v8::Local<v8::Value> out[] = {text, tailValue};
   info.GetReturnValue().Set(v8::Array::New(isolate, out, 2));
@@ -507,24 +583,21 @@ void onBase64Encode(const v8::FunctionCallbackInfo<v8::Value>& info) {
         v8::Exception::RangeError(v8String(isolate, "btoa: the string is too long")));
     return;
   }
-  std::u16string units(static_cast<std::size_t>(length), u'\0');
-  text->Write(isolate, reinterpret_cast<std::uint16_t*>(units.data()), 0, length,
-              v8::String::NO_NULL_TERMINATION);
-  std::string bytes(units.size(), '\0');
-  for (std::size_t i = 0; i < units.size(); ++i) {
-    if (units[i] > 0xFF) return;
-    bytes[i] = static_cast<char>(units[i]);
-  }
+  if (!text->ContainsOnlyOneByte()) return;
+  std::string bytes(static_cast<std::size_t>(length), '\0');
+  text->WriteOneByte(isolate, reinterpret_cast<std::uint8_t*>(bytes.data()), 0, length,
+                     v8::String::NO_NULL_TERMINATION);
   const std::string encoded = base64Encode(bytes);
+  bytes = std::string();
   info.GetReturnValue().Set(v8String(isolate, encoded));
 }
 
-int base64Value(char16_t c) {
-  if (c >= u'A' && c <= u'Z') return c - u'A';
-  if (c >= u'a' && c <= u'z') return c - u'a' + 26;
-  if (c >= u'0' && c <= u'9') return c - u'0' + 52;
-  if (c == u'+') return 62;
-  if (c == u'/') return 63;
+int base64Value(char c) {
+  if (c >= 'A' && c <= 'Z') return c - 'A';
+  if (c >= 'a' && c <= 'z') return c - 'a' + 26;
+  if (c >= '0' && c <= '9') return c - '0' + 52;
+  if (c == '+') return 62;
+  if (c == '/') return 63;
   return -1;
 }
 
@@ -537,24 +610,26 @@ void onBase64Decode(const v8::FunctionCallbackInfo<v8::Value>& info) {
   auto text = info[0].As<v8::String>();
   if (!copyable(isolate, text, "atob")) return;
   const int length = text->Length();
-  std::u16string units(static_cast<std::size_t>(length), u'\0');
-  text->Write(isolate, reinterpret_cast<std::uint16_t*>(units.data()), 0, length,
-              v8::String::NO_NULL_TERMINATION);
-  std::u16string data;
-  data.reserve(units.size());
-  for (char16_t c : units) {
-    if (c != u'\t' && c != u'\n' && c != u'\f' && c != u'\r' && c != u' ') data.push_back(c);
-  }
+  // Base64 is ASCII: a string with any unit above 0xFF is not base64.
+  if (!text->ContainsOnlyOneByte()) return;
+  std::string data(static_cast<std::size_t>(length), '\0');
+  text->WriteOneByte(isolate, reinterpret_cast<std::uint8_t*>(data.data()), 0, length,
+                     v8::String::NO_NULL_TERMINATION);
+  data.erase(std::remove_if(data.begin(), data.end(),
+                            [](char c) {
+                              return c == '\t' || c == '\n' || c == '\f' || c == '\r' || c == ' ';
+                            }),
+             data.end());
   if (data.size() % 4 == 0) {
-    if (!data.empty() && data.back() == u'=') data.pop_back();
-    if (!data.empty() && data.back() == u'=') data.pop_back();
+    if (!data.empty() && data.back() == '=') data.pop_back();
+    if (!data.empty() && data.back() == '=') data.pop_back();
   }
   if (data.size() % 4 == 1) return;
   std::string out;
   out.reserve(data.size() / 4 * 3 + 3);
   std::uint32_t buffer = 0;
   int bits = 0;
-  for (char16_t c : data) {
+  for (char c : data) {
     const int value = base64Value(c);
     if (value < 0) return;
     buffer = (buffer << 6) | static_cast<std::uint32_t>(value);

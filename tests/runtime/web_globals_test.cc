@@ -152,6 +152,20 @@ TEST_CASE("Headers can be made, changed and passed to fetch, a Response's stay i
             "return [[...h], h.get('b'), h.has('A'), h.getSetCookie()]") ==
         json::parse(R"([[["a","1"],["b","2, 3"],["set-cookie","x=1"],["set-cookie","y=2"],)"
                     R"(["x","y"]],"2, 3",true,["x=1","y=2"]])"));
+  // Internal lists have no prototype: a setter on Object.prototype never sees them. A subclass's
+  // append does not change how the constructor fills it, and names are checked by get and has.
+  CHECK(run(f,
+            "let leaked; Object.defineProperty(Object.prototype, '0', {configurable: true, "
+            "set(v) { leaked = this; }}); const h = new Headers({'x-a': '1'}); h.append('b', '2'); "
+            "h.set('c', '3'); const seen = [...h].length; delete Object.prototype[0]; "
+            "class Upper extends Headers { append(n, v) { super.append(n, v.toUpperCase()); } } "
+            "return [leaked === undefined, seen, [...new Upper({a: 'x'})]]") ==
+        json::parse(R"([true,3,[["a","x"]]])"));
+  CHECK(run(f,
+            "const name = (f) => { try { f(); return 'none'; } catch (e) { return e.name; } }; "
+            "return [name(() => new Headers().get('bad name')), name(() => new Headers().has('')), "
+            "name(() => new Response('x').headers.get('a b'))]") ==
+        json::parse(R"(["TypeError","TypeError","TypeError"])"));
   CHECK(run(f,
             "const h = new Headers({Accept: 'a', 'X-One': 1}); h.set('accept', 'b'); "
             "h.delete('x-one'); const seen = []; h.forEach((v, k) => seen.push(k + '=' + v)); "
@@ -205,15 +219,28 @@ TEST_CASE("a Response can be made from text, bytes or JSON", "[runtime][web][fet
             "return [r.status, r.headers.get('content-type'), await r.json()]") ==
         json::parse(R"([202,"application/json",{"a":[1]}])"));
   CHECK(run(f,
-            "return [await new Response().text(), (await new "
-            "Response(null).arrayBuffer()).byteLength]") == json::parse(R"(["",0])"));
+            "const r = new Response(); return [await r.text(), await r.text(), r.bodyUsed, "
+            "(await new Response(null).arrayBuffer()).byteLength, r.type, r.url]") ==
+        json::parse(R"(["","",false,0,"default",""])"));
   CHECK(run(f,
             "const name = (f) => { try { f(); return 'none'; } catch (e) { return e.name; } }; "
             "return [name(() => new Response('x', {status: 204})), "
-            "name(() => new Response('x', {status: 99})), name(() => new Response('x', {status: "
-            "200.5})), "
-            "name(() => Response.json(undefined))]") ==
-        json::parse(R"(["TypeError","RangeError","RangeError","TypeError"])"));
+            "name(() => new Response('x', {status: 99})), "
+            "name(() => new Response('x', {statusText: 'a\\nb'})), "
+            "name(() => Response.json(undefined)), new Response('x', {status: 200.5}).status, "
+            "new Response('x', {status: 65736}).status]") ==
+        json::parse(R"(["TypeError","RangeError","TypeError","TypeError",200,200])"));
+  CHECK(
+      run(f,
+          "let reads = 0; const init = {get status() { reads++; return 201; }}; "
+          "const r = new Response('x', init); "
+          "const form = new Response(new URLSearchParams({a: '1 2'})); "
+          "const problem = Response.json({}, {headers: {'Content-Type': "
+          "'application/problem+json'}}); "
+          "return [reads, r.status, form.headers.get('content-type'), await form.text(), "
+          "problem.headers.get('content-type'), new Response('y').headers.get('content-type')]") ==
+      json::parse(R"([1,201,"application/x-www-form-urlencoded;charset=UTF-8","a=1+2",)"
+                  R"("application/problem+json","text/plain;charset=UTF-8"])"));
 }
 
 TEST_CASE("the web globals are lazy, not enumerable, and made once per sandbox", "[runtime][web]") {
@@ -297,4 +324,83 @@ TEST_CASE("a huge string is refused before the natives copy it out of the heap",
     CHECK(errc(outcome) == CallErrc::arrayBufferLimit);
   }
   CHECK(run(f, "return 'still here'") == "still here");
+}
+
+TEST_CASE("TextDecoder gives the same text whole, byte by byte and split anywhere",
+          "[runtime][web]") {
+  // Sequences that end, break or start across chunk boundaries, checked against decodeUtf8.
+  const std::vector<std::string> cases{"a\xC3\xA9z",
+                                       "\xE2\x82\xAC\xF0\x9F\x98\x80",
+                                       "\xE0\x80\x41\xF0\x9F\x98",
+                                       "\xED\xA0\x80x",
+                                       "\xF4\x90\x80\x80",
+                                       "\xC0\xAF\xC3",
+                                       "\xF0\x9F\x98\xE2\x82\xAC",
+                                       "\xEF\xBB\xBF"
+                                       "ab\xE2",
+                                       "\x80\xBF\xC2\xC2\xA9",
+                                       "\xF1\x80\x80\xE1\x80\xC2\x7F\xFF\xFE",
+                                       "plain ascii"};
+  json::array inputs;
+  for (const auto& bytes : cases) {
+    json::array list;
+    for (unsigned char c : bytes) list.emplace_back(static_cast<int>(c));
+    inputs.emplace_back(std::move(list));
+  }
+  PoolFixture f;
+  auto outcome = f.call(
+      makeTool("export default (args) => args.inputs.map((bytes) => {\n"
+               "  const all = new Uint8Array(bytes);\n"
+               "  const whole = new TextDecoder('utf-8', {ignoreBOM: true}).decode(all);\n"
+               "  const ways = [];\n"
+               "  let d = new TextDecoder('utf-8', {ignoreBOM: true}); let s = '';\n"
+               "  for (const b of bytes) s += d.decode(new Uint8Array([b]), {stream: true});\n"
+               "  ways.push(s + d.decode());\n"
+               "  for (let at = 0; at <= bytes.length; at++) {\n"
+               "    d = new TextDecoder('utf-8', {ignoreBOM: true});\n"
+               "    ways.push(d.decode(all.subarray(0, at), {stream: true}) + "
+               "d.decode(all.subarray(at)));\n"
+               "  }\n"
+               "  let fatal; try { fatal = new TextDecoder('utf-8', {fatal: true, ignoreBOM: true})"
+               ".decode(all); } catch (e) { fatal = e.name; }\n"
+               "  return {whole, same: ways.every((w) => w === whole), fatal};\n"
+               "})"),
+      json::object{{"inputs", inputs}});
+  INFO(describe(outcome));
+  REQUIRE(outcome.result);
+  const auto& results = outcome.result->as_array();
+  REQUIRE(results.size() == cases.size());
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    INFO("case " << i);
+    std::size_t tail = 0;
+    const auto expected = decodeUtf8(cases[i], false, false, tail);
+    REQUIRE(expected);
+    // As UTF-8, the way the result's JSON holds it.
+    std::string utf8;
+    for (std::size_t k = 0; k < expected->size(); ++k) {
+      std::uint32_t c = (*expected)[k];
+      if (c >= 0xD800 && c <= 0xDBFF)
+        c = 0x10000 + ((c - 0xD800) << 10) + ((*expected)[++k] - 0xDC00);
+      if (c < 0x80) {
+        utf8 += static_cast<char>(c);
+      } else if (c < 0x800) {
+        utf8 += static_cast<char>(0xC0 | (c >> 6));
+        utf8 += static_cast<char>(0x80 | (c & 0x3F));
+      } else if (c < 0x10000) {
+        utf8 += static_cast<char>(0xE0 | (c >> 12));
+        utf8 += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
+        utf8 += static_cast<char>(0x80 | (c & 0x3F));
+      } else {
+        utf8 += static_cast<char>(0xF0 | (c >> 18));
+        utf8 += static_cast<char>(0x80 | ((c >> 12) & 0x3F));
+        utf8 += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
+        utf8 += static_cast<char>(0x80 | (c & 0x3F));
+      }
+    }
+    const auto& result = results[i].as_object();
+    CHECK(result.at("whole").as_string() == utf8);
+    CHECK(result.at("same") == true);
+    const bool valid = decodeUtf8(cases[i], true, false, tail).has_value();
+    CHECK((result.at("fatal") == "TypeError") == !valid);
+  }
 }

@@ -676,22 +676,13 @@ bool installGlobals(v8::Local<v8::Context> context, Prelude& prelude) {
                           orEmpty(function(context, &onGlobalFetch, none, 2, "fetch")),
                           v8::DontEnum)
       .FromMaybe(false);
-  v8::Local<v8::Function> makeResponse, installed;
+  v8::Local<v8::Function> installed;
+  // The web globals (Headers and Response among them) are lazy: their preludes run on first use.
   if (!runPreludeFactory(context, "toolhost:dates", kLocaleDatesPrelude, v8::Undefined(isolate))
            .ToLocal(&installed) ||
-      !installFetchPrelude(context).ToLocal(&makeResponse)) {
+      !installWebGlobals(context)) {
     return false;
   }
-  prelude.makeResponse.Reset(isolate, makeResponse);
-  for (const char* name : {"Headers", "Response"}) {
-    v8::Local<v8::Value> constructor;
-    if (!makeResponse->Get(context, v8String(isolate, name)).ToLocal(&constructor) ||
-        !global->DefineOwnProperty(context, v8String(isolate, name), constructor, v8::DontEnum)
-             .FromMaybe(false)) {
-      return false;
-    }
-  }
-  if (!installWebGlobals(context)) return false;
 
   v8::Local<v8::Function> door, made;
   if (!function(context, &onCtxDoor, none, 0, "door").ToLocal(&door) ||
@@ -754,8 +745,10 @@ boost::system::result<v8::Local<v8::Value>, HostOpFailure> replyToJs(Sandbox& sa
                                                                      const json::value& reply) {
   switch (kind) {
     case ReplyKind::fetchResponse: {
-      v8::Local<v8::Function> makeResponse =
-          sandbox.prelude().makeResponse.Get(context->GetIsolate());
+      v8::Local<v8::Function> makeResponse;
+      if (!responseMaker(context).ToLocal(&makeResponse)) {
+        return HostOpFailure{"failed", "the runtime could not make the Response"};
+      }
       return fetchResponse(sandbox, context, makeResponse, reply);
     }
     case ReplyKind::json:

@@ -75,7 +75,6 @@ class Sandbox;
 // What the host keeps of a context's prelude, made before any tool code ran (so it holds the
 // original intrinsics whatever the tool later does to the globals).
 struct Prelude {
-  v8::Global<v8::Function> makeResponse;  // (status, statusText, url, headers, body) -> Response
   v8::Global<v8::Function> makeCtx;       // (epoch, tool, settings, fresh) -> frozen ctx
   v8::Global<v8::Object> tool;            // frozen {name, revision}, made by the first makeCtx
   // ctx.settings as last made (deep-frozen), and the settings revision it was made from.
@@ -83,7 +82,6 @@ struct Prelude {
   std::string settingsRevision;
 
   void reset() {
-    makeResponse.Reset();
     makeCtx.Reset();
     tool.Reset();
     settings.Reset();

@@ -32,43 +32,46 @@ constexpr std::size_t kMaxRequestHeaderBytes = 1024 * 1024;
 constexpr std::size_t kMaxUrlBytes = 1024 * 1024;
 constexpr std::size_t kMaxMethodBytes = 256;
 
-// The prelude: Response and Headers, compiled into each context before any tool code. It runs
-// once, captures every intrinsic it uses into its own closure, and from then on looks up nothing
-// a tool can replace: no global names, no methods of built-in prototypes, no iteration of
-// arrays (internal lists are dense arrays made by the host and read by index), no property
-// descriptors that inherit from Object.prototype. State lives in private fields, so a tool can
-// neither read nor forge it; the classes and their prototypes are frozen, and their
-// constructors refuse to run without the prelude's private token.
+// The prelude: Response and Headers. It runs the first time a sandbox needs one of them (a fetch
+// answered, or a tool reading the global Headers or Response: runtime/web_globals.h), by which
+// time the tool may have replaced any built-in, so it takes the built-ins it uses from the ones
+// captured when the context was made (natives.intrinsics) and from then on looks up nothing a
+// tool can replace: no global names, no methods of built-in prototypes, no iteration of arrays
+// (internal lists have no prototype and are read by index), no property descriptors that
+// inherit from Object.prototype. State lives in private fields, so a tool can neither read nor
+// forge it; the classes and their prototypes are frozen, and a Response made from a host's
+// answer needs the prelude's private token.
 constexpr const char* kPrelude = R"JS((function (natives) {
   'use strict';
+  const I = natives.intrinsics;
   const utf8Decode = natives.utf8Decode;
   const toBytes = natives.toBytes;
   const isArrayBuffer = natives.isArrayBuffer;
   const formBody = natives.formBody;
-  const isView = ArrayBuffer.isView;
-  const ArrayBufferCtor = ArrayBuffer;
-  const NumberCtor = Number;
-  const MathTrunc = Math.trunc;
-  const RangeErrorCtor = RangeError;
-  const JSONStringify = JSON.stringify;
-  const ObjectFreeze = Object.freeze;
-  const ObjectDefineProperty = Object.defineProperty;
-  const ObjectGetPrototypeOf = Object.getPrototypeOf;
-  const ObjectSetPrototypeOf = Object.setPrototypeOf;
-  const ReflectApply = Reflect.apply;
-  const ReflectOwnKeys = Reflect.ownKeys;
-  const ReflectGetOwnPropertyDescriptor = Reflect.getOwnPropertyDescriptor;
-  const JSONParse = JSON.parse;
-  const TypeErrorCtor = TypeError;
-  const StringCtor = String;
-  const SymbolIterator = Symbol.iterator;
-  const SymbolToStringTag = Symbol.toStringTag;
-  const uncurry = (f) => ReflectApply(Function.prototype.bind, Function.prototype.call, [f]);
-  const toLowerCase = uncurry(String.prototype.toLowerCase);
-  const charCodeAt = uncurry(String.prototype.charCodeAt);
-  const stringSlice = uncurry(String.prototype.slice);
-  const IteratorPrototype = ObjectGetPrototypeOf(ObjectGetPrototypeOf([][SymbolIterator]()));
-  const kHost = Symbol('toolhost');
+  const isView = I['ArrayBuffer.isView'];
+  const ArrayBufferCtor = I['ArrayBuffer'];
+  const NumberCtor = I['Number'];
+  const MathTrunc = I['Math.trunc'];
+  const RangeErrorCtor = I['RangeError'];
+  const JSONStringify = I['JSON.stringify'];
+  const ObjectFreeze = I['Object.freeze'];
+  const ObjectDefineProperty = I['Object.defineProperty'];
+  const ObjectSetPrototypeOf = I['Object.setPrototypeOf'];
+  const ReflectApply = I['Reflect.apply'];
+  const ReflectOwnKeys = I['Reflect.ownKeys'];
+  const ReflectGetOwnPropertyDescriptor = I['Reflect.getOwnPropertyDescriptor'];
+  const JSONParse = I['JSON.parse'];
+  const TypeErrorCtor = I['TypeError'];
+  const StringCtor = I['String'];
+  const SymbolIterator = I['Symbol.iterator'];
+  const SymbolToStringTag = I['Symbol.toStringTag'];
+  const uncurry = (f) => ReflectApply(I['Function.prototype.bind'], I['Function.prototype.call'],
+                                      [f]);
+  const toLowerCase = uncurry(I['String.prototype.toLowerCase']);
+  const charCodeAt = uncurry(I['String.prototype.charCodeAt']);
+  const stringSlice = uncurry(I['String.prototype.slice']);
+  const IteratorPrototype = I['%IteratorPrototype%'];
+  const kHost = {__proto__: null};  // marks the host's own constructor calls; never handed out
 
   function headerName(name, method) {
     if (typeof name === 'symbol') {
@@ -400,16 +403,16 @@ constexpr const char* kPrelude = R"JS((function (natives) {
   }
   define(Response.prototype, SymbolToStringTag, 'Response', false);
 
-  for (const frozen of [HeadersIterator, Headers, Response]) {
-    ObjectFreeze(frozen.prototype);
-    ObjectFreeze(frozen);
+  const frozen = [HeadersIterator, Headers, Response];
+  for (let i = 0; i < 3; i++) {
+    ObjectFreeze(frozen[i].prototype);
+    ObjectFreeze(frozen[i]);
   }
   const make = (status, statusText, url, headers, body) =>
       new Response(kHost, status, statusText, url, headers, body);
-  // For the global object.
-  define(make, 'Headers', Headers, false);
-  define(make, 'Response', Response, false);
-  return make;
+  // "make" for the runtime; the classes for the global object.
+  const bindings = {__proto__: null, make, Headers, Response};
+  return (name) => bindings[name];
 }))JS";
 
 v8::MaybeLocal<v8::String> tryString(v8::Isolate* isolate, std::string_view text) {
@@ -865,11 +868,14 @@ bool setNatives(v8::Local<v8::Context> context, v8::Local<v8::Object> natives,
   return true;
 }
 
-v8::MaybeLocal<v8::Function> installFetchPrelude(v8::Local<v8::Context> context) {
+v8::MaybeLocal<v8::Function> installFetchPrelude(v8::Local<v8::Context> context,
+                                                 v8::Local<v8::Value> intrinsics) {
   v8::Isolate* isolate = context->GetIsolate();
   v8::EscapableHandleScope scope(isolate);
   v8::Local<v8::Object> natives = v8::Object::New(isolate);
-  if (!setNatives(context, natives,
+  if (!natives->CreateDataProperty(context, v8String(isolate, "intrinsics"), intrinsics)
+           .FromMaybe(false) ||
+      !setNatives(context, natives,
                   {{"utf8Decode", &onUtf8Decode},
                    {"toBytes", &onToBytes},
                    {"isArrayBuffer", &onIsArrayBuffer},

@@ -33,10 +33,13 @@ void throwInvalidArgument(v8::Local<v8::Context> context, std::string_view messa
 // it could ever send, before building it.
 void throwTooLarge(v8::Local<v8::Context> context, std::string_view message);
 
-// Compiles and runs the prelude in a fresh context; returns the function that makes a Response:
-// (status, statusText, url, headers: [[name, value]...] sorted and combined, body: ArrayBuffer).
-// Empty only if V8 refused (out of memory).
-v8::MaybeLocal<v8::Function> installFetchPrelude(v8::Local<v8::Context> context);
+// Compiles and runs the fetch prelude in `context`, with the built-ins captured when the context
+// was made (runtime/web_globals.cc); returns its binding function: "make" gives the function that
+// makes a Response (status, statusText, url, headers: [[name, value]...] sorted and combined,
+// body: ArrayBuffer), "Headers" and "Response" the classes. Empty only if V8 refused. Loaded
+// on first use through web_globals.h (fetchPrelude).
+v8::MaybeLocal<v8::Function> installFetchPrelude(v8::Local<v8::Context> context,
+                                                 v8::Local<v8::Value> intrinsics);
 
 // Compiles and runs `source` (a script whose value is a factory function) in `context`, then
 // calls the factory with `argument`; returns what it made, which must be a function. For code

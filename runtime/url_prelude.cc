@@ -65,8 +65,10 @@ const char* const kUrlPrelude = R"JS((function (intrinsics) {
   const regExpExecMethod = optional('RegExp.prototype.exec', () => RegExp.prototype.exec);
   const regExpExec = regExpExecMethod === null ? null : uncurry(regExpExecMethod);
   const useRegExp = RegExpCtor !== null && regExpExec !== null;
-  // %IteratorPrototype%, reached through a generator's prototype: no tool code runs for that.
-  const IteratorPrototype = ObjectGetPrototypeOf(ObjectGetPrototypeOf(function* () {}.prototype));
+  // %IteratorPrototype%: as the runtime captured it, or reached through a generator's prototype
+  // (no tool code runs for that, but a tool may have changed that prototype's prototype).
+  const IteratorPrototype = take('%IteratorPrototype%', () =>
+      ObjectGetPrototypeOf(ObjectGetPrototypeOf(function* () {}.prototype)));
   const kToken = {__proto__: null};  // marks internal constructor calls; never handed out
 
   // ---- Small helpers. ----

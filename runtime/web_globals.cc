@@ -29,7 +29,13 @@ constexpr std::size_t kMaxRandomBytes = 65536;
 // the context is made, before any tool code runs (a tool may replace any of them later), and kept
 // in an array, which costs a sandbox far less than an object or a prelude script would; a lazy
 // prelude gets them as an object keyed by these paths (natives.intrinsics, or its argument).
-constexpr const char* kIntrinsics[] = {"Error",
+constexpr const char* kIntrinsics[] = {"ArrayBuffer",
+                                       "ArrayBuffer.isView",
+                                       "JSON.parse",
+                                       "JSON.stringify",
+                                       "Math.trunc",
+                                       "Number",
+                                       "Error",
                                        "Promise",
                                        "RangeError",
                                        "RegExp",
@@ -280,6 +286,21 @@ constexpr const char* kWebPrelude = R"JS((function (natives) {
 constexpr const char* kWebNames[] = {"DOMException", "TextEncoder", "TextDecoder",
                                      "atob",         "btoa",        "crypto"};
 constexpr const char* kUrlNames[] = {"URL", "URLSearchParams"};
+constexpr const char* kFetchNames[] = {"Headers", "Response"};
+
+// The lazy preludes, by the index each lazy global's getter carries.
+enum LazyPrelude : int { kWeb = 0, kUrl = 1, kFetch = 2 };
+
+// The prelude behind `name`'s global.
+LazyPrelude preludeOf(const char* name) {
+  for (const char* known : kUrlNames) {
+    if (std::strcmp(known, name) == 0) return kUrl;
+  }
+  for (const char* known : kFetchNames) {
+    if (std::strcmp(known, name) == 0) return kFetch;
+  }
+  return kWeb;
+}
 
 void throwTypeError(v8::Isolate* isolate, const std::string& message) {
   isolate->ThrowException(v8::Exception::TypeError(v8String(isolate, message)));
@@ -650,11 +671,12 @@ void onBase64Decode(const v8::FunctionCallbackInfo<v8::Value>& info) {
 
 // Where a context keeps the binding function of each lazy prelude, once made.
 v8::Local<v8::Private> preludeKey(v8::Isolate* isolate, int which) {
-  return v8::Private::ForApi(isolate,
-                             v8String(isolate, which == 0 ? "toolhost:web" : "toolhost:url"));
+  return v8::Private::ForApi(isolate, v8String(isolate, which == kWeb   ? "toolhost:web"
+                                                        : which == kUrl ? "toolhost:url"
+                                                                        : "toolhost:fetch"));
 }
 
-// Where a context keeps the record of intrinsics the fetch prelude captured.
+// Where a context keeps the built-ins captured when it was made (kIntrinsics).
 v8::Local<v8::Private> intrinsicsKey(v8::Isolate* isolate) {
   return v8::Private::ForApi(isolate, v8String(isolate, "toolhost:intrinsics"));
 }
@@ -679,6 +701,18 @@ v8::MaybeLocal<v8::Array> captureIntrinsics(v8::Local<v8::Context> context) {
     }
     values.push_back(value);
   }
+  // %IteratorPrototype%, which no global path reaches: the prototype of an array iterator's.
+  v8::Local<v8::Value> iterate, iterator;
+  v8::Local<v8::Array> empty = v8::Array::New(isolate);
+  if (!empty->Get(context, v8::Symbol::GetIterator(isolate)).ToLocal(&iterate) ||
+      !iterate->IsFunction() ||
+      !iterate.As<v8::Function>()->Call(context, empty, 0, nullptr).ToLocal(&iterator) ||
+      !iterator->IsObject()) {
+    return {};
+  }
+  v8::Local<v8::Value> arrayIteratorPrototype = iterator.As<v8::Object>()->GetPrototype();
+  if (!arrayIteratorPrototype->IsObject()) return {};
+  values.push_back(arrayIteratorPrototype.As<v8::Object>()->GetPrototype());
   return scope.Escape(v8::Array::New(isolate, values.data(), values.size()));
 }
 
@@ -689,15 +723,16 @@ v8::MaybeLocal<v8::Value> intrinsics(v8::Local<v8::Context> context) {
   v8::EscapableHandleScope scope(isolate);
   v8::Local<v8::Value> kept;
   if (!context->Global()->GetPrivate(context, intrinsicsKey(isolate)).ToLocal(&kept) ||
-      !kept->IsArray() || kept.As<v8::Array>()->Length() != std::size(kIntrinsics)) {
+      !kept->IsArray() || kept.As<v8::Array>()->Length() != std::size(kIntrinsics) + 1) {
     return {};
   }
   std::vector<v8::Local<v8::Name>> names;
   std::vector<v8::Local<v8::Value>> values;
-  for (std::uint32_t i = 0; i < std::size(kIntrinsics); ++i) {
+  for (std::uint32_t i = 0; i <= std::size(kIntrinsics); ++i) {
     v8::Local<v8::Value> value;
     if (!kept.As<v8::Array>()->Get(context, i).ToLocal(&value)) return {};
-    names.push_back(v8String(isolate, kIntrinsics[i]));
+    names.push_back(
+        v8String(isolate, i < std::size(kIntrinsics) ? kIntrinsics[i] : "%IteratorPrototype%"));
     values.push_back(value);
   }
   return scope.Escape(
@@ -725,34 +760,40 @@ v8::MaybeLocal<v8::Function> makeWebBinding(v8::Local<v8::Context> context,
   return runPreludeFactory(context, "toolhost:web", kWebPrelude, natives);
 }
 
+// The binding function of lazy prelude `which` in `context`, run now if it has not run yet.
+// Empty with an exception pending (termination, or V8 refusing memory).
+v8::MaybeLocal<v8::Function> preludeBinding(v8::Local<v8::Context> context, int which) {
+  v8::Isolate* isolate = context->GetIsolate();
+  v8::EscapableHandleScope scope(isolate);
+  v8::Local<v8::Object> global = context->Global();
+  v8::Local<v8::Private> key = preludeKey(isolate, which);
+  v8::Local<v8::Value> stored, captured;
+  if (!global->GetPrivate(context, key).ToLocal(&stored)) return {};
+  if (stored->IsFunction()) return scope.Escape(stored.As<v8::Function>());
+  if (!intrinsics(context).ToLocal(&captured)) return {};
+  const auto made = which == kWeb ? makeWebBinding(context, captured)
+                    : which == kUrl
+                        ? runPreludeFactory(context, "toolhost:url", kUrlPrelude, captured)
+                        : installFetchPrelude(context, captured);
+  v8::Local<v8::Function> binding;
+  if (!made.ToLocal(&binding) || !global->SetPrivate(context, key, binding).FromMaybe(false)) {
+    if (!isolate->IsExecutionTerminating()) {
+      isolate->ThrowException(
+          v8::Exception::Error(v8String(isolate, "the runtime could not load its web APIs")));
+    }
+    return {};
+  }
+  return scope.Escape(binding);
+}
+
 // The getter of every lazy global: runs its prelude once per context, then answers the name. V8
 // replaces the property by the value returned.
 void onLazyGlobal(v8::Local<v8::Name> property, const v8::PropertyCallbackInfo<v8::Value>& info) {
   v8::Isolate* isolate = info.GetIsolate();
   v8::HandleScope scope(isolate);
   v8::Local<v8::Context> context = isolate->GetCurrentContext();
-  const int which = info.Data().As<v8::Int32>()->Value();
-  v8::Local<v8::Object> global = context->Global();
-  v8::Local<v8::Private> key = preludeKey(isolate, which);
-  v8::Local<v8::Value> stored;
-  if (!global->GetPrivate(context, key).ToLocal(&stored)) return;
   v8::Local<v8::Function> binding;
-  if (stored->IsFunction()) {
-    binding = stored.As<v8::Function>();
-  } else {
-    v8::Local<v8::Value> captured;
-    if (!intrinsics(context).ToLocal(&captured)) return;
-    const auto made = which == 0
-                          ? makeWebBinding(context, captured)
-                          : runPreludeFactory(context, "toolhost:url", kUrlPrelude, captured);
-    if (!made.ToLocal(&binding) || !global->SetPrivate(context, key, binding).FromMaybe(false)) {
-      if (!isolate->IsExecutionTerminating()) {
-        isolate->ThrowException(v8::Exception::Error(v8String(
-            isolate, "the runtime could not load " + toUtf8(isolate, property.As<v8::String>()))));
-      }
-      return;
-    }
-  }
+  if (!preludeBinding(context, info.Data().As<v8::Int32>()->Value()).ToLocal(&binding)) return;
   v8::Local<v8::Value> argv[] = {property};
   v8::Local<v8::Value> value;
   if (!binding->Call(context, v8::Undefined(isolate), 1, argv).ToLocal(&value)) return;
@@ -836,11 +877,11 @@ std::optional<std::u16string> decodeUtf8(std::string_view bytes, bool fatal, boo
 v8::MaybeLocal<v8::Value> loadedWebGlobal(v8::Local<v8::Context> context, const char* name) {
   v8::Isolate* isolate = context->GetIsolate();
   v8::EscapableHandleScope scope(isolate);
-  bool url = false;
-  for (const char* known : kUrlNames) url = url || std::strcmp(known, name) == 0;
   v8::Local<v8::Value> binding, value;
   v8::Local<v8::Value> argv[] = {v8String(isolate, name)};
-  if (!context->Global()->GetPrivate(context, preludeKey(isolate, url ? 1 : 0)).ToLocal(&binding) ||
+  if (!context->Global()
+           ->GetPrivate(context, preludeKey(isolate, preludeOf(name)))
+           .ToLocal(&binding) ||
       !binding->IsFunction() ||
       !binding.As<v8::Function>()->Call(context, v8::Undefined(isolate), 1, argv).ToLocal(&value)) {
     return {};
@@ -863,12 +904,29 @@ bool installWebGlobals(v8::Local<v8::Context> context) {
         .FromMaybe(false);
   };
   for (const char* name : kWebNames) {
-    if (!define(name, 0)) return false;
+    if (!define(name, kWeb)) return false;
   }
   for (const char* name : kUrlNames) {
-    if (!define(name, 1)) return false;
+    if (!define(name, kUrl)) return false;
+  }
+  for (const char* name : kFetchNames) {
+    if (!define(name, kFetch)) return false;
   }
   return true;
+}
+
+v8::MaybeLocal<v8::Function> responseMaker(v8::Local<v8::Context> context) {
+  v8::Isolate* isolate = context->GetIsolate();
+  v8::EscapableHandleScope scope(isolate);
+  v8::Local<v8::Function> binding;
+  v8::Local<v8::Value> argv[] = {v8String(isolate, "make")};
+  v8::Local<v8::Value> make;
+  if (!preludeBinding(context, kFetch).ToLocal(&binding) ||
+      !binding->Call(context, v8::Undefined(isolate), 1, argv).ToLocal(&make) ||
+      !make->IsFunction()) {
+    return {};
+  }
+  return scope.Escape(make.As<v8::Function>());
 }
 
 }  // namespace toolhost::runtime

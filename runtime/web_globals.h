@@ -1,8 +1,8 @@
 // Globals that tool code expects of a web-like runtime and that grant no authority: TextEncoder,
-// TextDecoder, atob, btoa, crypto (getRandomValues, randomUUID, subtle.digest), DOMException, URL
-// and URLSearchParams. Each is a lazy property of the global object: the prelude behind it is
-// compiled the first time a tool reads one of its names, so that a sandbox that never uses them
-// does not pay for them.
+// TextDecoder, atob, btoa, crypto (getRandomValues, randomUUID, subtle.digest), DOMException, URL,
+// URLSearchParams, and fetch's Headers and Response. Each is a lazy property of the global object:
+// the prelude behind it is compiled the first time a tool reads one of its names, so that a sandbox
+// that never uses them does not pay for them.
 #pragma once
 
 #include <v8.h>
@@ -19,6 +19,10 @@ namespace toolhost::runtime {
 // the tool may have replaced any built-in method or global. Call before any tool code runs.
 // False if V8 refused (out of memory).
 bool installWebGlobals(v8::Local<v8::Context> context);
+
+// The function the fetch prelude makes a Response from a host's answer with (fetch_api.h), the
+// prelude run now if it has not run in `context` yet. Empty with an exception pending.
+v8::MaybeLocal<v8::Function> responseMaker(v8::Local<v8::Context> context);
 
 // The value of a lazy global whose prelude has already run in `context` (so that a tool's object
 // can be one of its instances); empty otherwise, without running it.

@@ -89,19 +89,20 @@ TEST_CASE("the preludes are parsed once per process and later sandboxes take the
   PoolFixture f;
   auto tool = makeTool(
       "export default async (args, ctx) => ({tool: ctx.tool.name, fetch: typeof fetch, "
-      "frozen: Object.isFrozen(ctx)})");
+      "headers: typeof Headers, frozen: Object.isFrozen(ctx)})");
   const auto before = preludeCacheStats();
   for (int i = 0; i < 3; ++i) {
     auto outcome = f.call(tool, {}, disposable());
     INFO(describe(outcome));
     REQUIRE(outcome.result);
     CHECK(outcome.usage.freshSandbox);
-    CHECK(*outcome.result == json::parse(
-                                 R"({"tool":"test-tool","fetch":"function","frozen":true})"));
+    CHECK(*outcome.result ==
+          json::parse(
+              R"({"tool":"test-tool","fetch":"function","headers":"function","frozen":true})"));
   }
   const auto after = preludeCacheStats();
-  // The ctx factory, the fetch and the dates preludes, once each (the lazy web preludes only once
-  // a tool reads one of their names).
+  // The ctx factory and the dates prelude, made with each sandbox, and the fetch prelude, made
+  // when the tool reads Headers: once each.
   CHECK(after.made == 3);
   // At most two sandboxes were ready before: the third call's was built since, from the caches.
   CHECK(after.consumed - before.consumed >= 3);

@@ -404,3 +404,14 @@ TEST_CASE("TextDecoder gives the same text whole, byte by byte and split anywher
     CHECK((result.at("fatal") == "TypeError") == !valid);
   }
 }
+
+TEST_CASE("the lazy preludes' iterators inherit the real iterator prototype whatever a tool did",
+          "[runtime][web]") {
+  PoolFixture f;
+  CHECK(run(f,
+            "const real = Object.getPrototypeOf(Object.getPrototypeOf([][Symbol.iterator]())); "
+            "Object.setPrototypeOf(Object.getPrototypeOf(function* () {}.prototype), {}); "
+            "const proto = (it) => Object.getPrototypeOf(Object.getPrototypeOf(it)); "
+            "return [proto(new Headers().entries()) === real, "
+            "proto(new URLSearchParams().entries()) === real]") == json::parse("[true,true]"));
+}

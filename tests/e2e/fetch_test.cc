@@ -335,3 +335,35 @@ TEST_CASE("fetch: the wall clock pauses while a person is asked", "[e2e][fetch]"
   auto response = s.admin->response(id);
   CHECK(toolResult(response).at("status") == 200);
 }
+
+TEST_CASE("fetch: a tool builds its request with URL, URLSearchParams, Headers and crypto",
+          "[e2e][fetch]") {
+  Setup s;
+  constexpr std::string_view kForm = R"js(
+export default async (args) => {
+  const url = new URL('/echo', args.base);
+  url.searchParams.set('q', 'a b');
+  const r = await fetch(url, {
+    method: 'POST',
+    headers: new Headers({'X-Request-Id': crypto.randomUUID()}),
+    body: new URLSearchParams({grant_type: 'client_credentials', scope: 'x y'}),
+  });
+  const echo = await r.json();
+  const header = (name) => (echo.headers.find(([n]) => n.toLowerCase() === name) ?? [])[1];
+  const digest = await crypto.subtle.digest('SHA-256', new TextEncoder().encode(echo.body));
+  return {target: echo.target, body: echo.body, type: header('content-type'),
+          id: header('x-request-id').length, response: r instanceof Response,
+          sha256: Array.from(new Uint8Array(digest), (b) => b.toString(16).padStart(2, '0')).join('')};
+}
+)js";
+  auto revision = deploy(*s.admin, jsTool("form", kForm, readCapabilities(s.server, "write")));
+  decideAhead(*s.admin, revision, "fetch", s.server.origin(), "write");
+  auto sent = s.fetch("form", json::object{{"base", s.server.url("/")}});
+  INFO(json::serialize(sent));
+  CHECK(sent.at("target") == "/echo?q=a+b");
+  CHECK(sent.at("body") == "grant_type=client_credentials&scope=x+y");
+  CHECK(sent.at("type") == "application/x-www-form-urlencoded;charset=UTF-8");
+  CHECK(sent.at("id") == 36);
+  CHECK(sent.at("response") == true);
+  CHECK(sent.at("sha256") == "2f30a38804991f9282a4d88808b9b825449bfdf392c931d4f0b3817c36c93812");
+}

@@ -1,6 +1,6 @@
-// The doors of a sandbox: the globals `console` and `fetch` and the prelude (Response, Headers),
-// installed once per context before any tool code runs, and the per-call `ctx`. Called inside a
-// segment of the sandbox (or while the sandbox is built), on the thread running it.
+// The doors of a sandbox: the globals `console` and `fetch` and the lazy web globals
+// (web_globals.h), installed once per context before any tool code runs, and the per-call `ctx`.
+// Called inside a segment of the sandbox (or while the sandbox is built), on the thread running it.
 //
 // ctx = frozen {tool: {name, revision}, fetch, popup, secret, storage: {get, set, delete, list},
 //               resolveInvocation, createSubtasksResult}
@@ -9,8 +9,8 @@
 // per call by a small factory compiled into the context before any tool code (so it holds the
 // original Object.freeze): its functions are arrow closures over the call's epoch that forward
 // to one native door, which only the factory can reach and which checks the epoch against the
-// running call in C++. (A JavaScript closure costs far less than a v8::Function::New per door.) The global
-// `fetch` behaves as ctx.fetch of whichever call is running. resolveInvocation and
+// running call in C++. (A JavaScript closure costs far less than a v8::Function::New per door.) The
+// global `fetch` behaves as ctx.fetch of whichever call is running. resolveInvocation and
 // createSubtasksResult need `capabilities.subtasks: true` and are quick requests to the
 // CapabilityHost; everything else is an operation, CapabilityHost::startOperation(kind, request),
 // which the host authorizes (the default host refuses every kind with "not-authorized").

@@ -1,7 +1,7 @@
 // fetch() inside a sandbox: the request a tool's (input, init) becomes, the Response a host's
-// reply becomes, and the prelude (Response, Headers) compiled into every context before any tool
-// code runs. Shapes: see capabilities.h. Called inside a segment of the sandbox (or while it is
-// built), on the thread running it.
+// reply becomes, and the prelude (Response, Headers) a context runs on first use
+// (web_globals.h). Shapes: see capabilities.h. Called inside a segment of the sandbox (or while it
+// is built), on the thread running it.
 #pragma once
 
 #include "runtime/capability_host.h"

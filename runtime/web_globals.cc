@@ -25,7 +25,9 @@ namespace {
 // The most bytes one getRandomValues call fills, as in browsers.
 constexpr std::size_t kMaxRandomBytes = 65536;
 
-// The built-ins the lazy preludes use, by path from the global object. Their values are taken when
+// The built-ins the lazy preludes use, by path from the global object. No RegExp: its exec sets
+// the legacy RegExp.lastMatch and $1 a tool can read, which a native URL never touches, so the
+// URL prelude scans with loops instead. Their values are taken when
 // the context is made, before any tool code runs (a tool may replace any of them later), and kept
 // in an array, which costs a sandbox far less than an object or a prelude script would; a lazy
 // prelude gets them as an object keyed by these paths (natives.intrinsics, or its argument).
@@ -38,7 +40,6 @@ constexpr const char* kIntrinsics[] = {"ArrayBuffer",
                                        "Error",
                                        "Promise",
                                        "RangeError",
-                                       "RegExp",
                                        "String",
                                        "TypeError",
                                        "Uint8Array",
@@ -56,7 +57,6 @@ constexpr const char* kIntrinsics[] = {"ArrayBuffer",
                                        "Reflect.apply",
                                        "Reflect.getOwnPropertyDescriptor",
                                        "Reflect.ownKeys",
-                                       "RegExp.prototype.exec",
                                        "String.fromCharCode",
                                        "String.prototype.charCodeAt",
                                        "String.prototype.indexOf",
@@ -115,9 +115,13 @@ constexpr const char* kWebPrelude = R"JS((function (natives) {
   };
   class DOMException extends ErrorCtor {
     #name;
-    constructor(message = '', name = 'Error') {
-      super(StringCtor(message));
-      this.#name = StringCtor(name);
+    // The name, or an options object {name, cause}, as WebIDL's DOMException takes them.
+    constructor(message = '', options = 'Error') {
+      const isOptions = options !== null && typeof options === 'object';
+      const hasCause = isOptions && 'cause' in options;
+      super(StringCtor(message), hasCause ? {cause: options.cause} : undefined);
+      this.#name = isOptions ? (options.name === undefined ? 'Error' : StringCtor(options.name))
+                             : StringCtor(options);
     }
     get name() { return this.#name; }
     get code() { return legacyCodes[this.#name] || 0; }

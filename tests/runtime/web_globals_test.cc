@@ -415,3 +415,20 @@ TEST_CASE("the lazy preludes' iterators inherit the real iterator prototype what
             "return [proto(new Headers().entries()) === real, "
             "proto(new URLSearchParams().entries()) === real]") == json::parse("[true,true]"));
 }
+
+TEST_CASE("DOMException takes a name or options, and URL leaves RegExp's statics alone",
+          "[runtime][web][url]") {
+  PoolFixture f;
+  CHECK(run(f,
+            "const a = new DOMException('m', {name: 'AbortError', cause: 7}); "
+            "const b = new DOMException('n', 'TimeoutError'); const c = new DOMException(); "
+            "return [a.name, a.code, a.cause, a.message, b.name, b.code, c.name, c.message, "
+            "a instanceof Error, Object.prototype.toString.call(a)]") ==
+        json::parse(R"(["AbortError",20,7,"m","TimeoutError",23,"Error","",true,)"
+                    R"("[object DOMException]"])"));
+  CHECK(
+      run(f,
+          "/(x)y/.exec('xy'); new URL('http://a/b/../c?d=%41#e').href; "
+          "new URLSearchParams('a=%41&b=c+d').toString(); return [RegExp.$1, RegExp.lastMatch]") ==
+      json::parse(R"(["x","xy"])"));
+}

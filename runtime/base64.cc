@@ -19,6 +19,8 @@ constexpr auto kDecode = makeDecodeTable();
 
 }  // namespace
 
+int base64Sextet(char c) { return kDecode[static_cast<unsigned char>(c)]; }
+
 std::string base64Encode(std::string_view bytes) {
   std::string out;
   out.reserve((bytes.size() + 2) / 3 * 4);

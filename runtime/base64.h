@@ -12,6 +12,9 @@ namespace toolhost::runtime {
 
 std::string base64Encode(std::string_view bytes);
 
+// The value (0-63) of a character of the standard alphabet, or -1 for any other.
+int base64Sextet(char c);
+
 // The number of bytes `text` decodes to, or nullopt unless it is strict base64: length a
 // multiple of 4, only the standard alphabet, '=' only as one or two final padding characters.
 std::optional<std::size_t> base64DecodedSize(std::string_view text);

@@ -617,15 +617,6 @@ void onBase64Encode(const v8::FunctionCallbackInfo<v8::Value>& info) {
   info.GetReturnValue().Set(v8String(isolate, encoded));
 }
 
-int base64Value(char c) {
-  if (c >= 'A' && c <= 'Z') return c - 'A';
-  if (c >= 'a' && c <= 'z') return c - 'a' + 26;
-  if (c >= '0' && c <= '9') return c - '0' + 52;
-  if (c == '+') return 62;
-  if (c == '/') return 63;
-  return -1;
-}
-
 // base64Decode(string) -> atob's answer (the HTML standard's forgiving-base64 decode, as a string
 // of code units 0-255), or undefined when it is not base64.
 void onBase64Decode(const v8::FunctionCallbackInfo<v8::Value>& info) {
@@ -655,7 +646,7 @@ void onBase64Decode(const v8::FunctionCallbackInfo<v8::Value>& info) {
   std::uint32_t buffer = 0;
   int bits = 0;
   for (char c : data) {
-    const int value = base64Value(c);
+    const int value = base64Sextet(c);
     if (value < 0) return;
     buffer = (buffer << 6) | static_cast<std::uint32_t>(value);
     bits += 6;

@@ -419,12 +419,12 @@ void registerToolMethods(MethodTable& methods, ToolServices services) {
         auto validate = [&] {
           return tool->parameters.validate(arguments, registry::JsonSchema::kMaxPairsForArguments);
         };
-        // Most arguments take microseconds to check, here; large ones against a large schema up
-        // to about a second, which would stall every connection of this I/O thread.
+        // Most arguments take microseconds to check, here; large ones against a large schema, or
+        // long strings against its patterns, up to about a second, which would stall every
+        // connection of this I/O thread.
         std::optional<registry::SchemaViolation> violation;
         if (services.checks != nullptr &&
-            protocol::countJsonValues(arguments) * tool->parameters.expandedValues() >
-                kInlineCheckPairs) {
+            tool->parameters.checkCost(arguments) > kInlineCheckPairs) {
           violation = co_await services.checks->run(validate);
         } else {
           violation = validate();

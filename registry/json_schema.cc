@@ -1,10 +1,12 @@
 #include "registry/json_schema.h"
 
 #include "protocol/json_parse.h"
-
 #include "protocol/json_text.h"
+#include "registry/pattern.h"
 
 #include <valijson/adapters/boost_json_adapter.hpp>
+#include <valijson/constraint_builder.hpp>
+#include <valijson/constraints/concrete_constraints.hpp>
 #include <valijson/schema.hpp>
 #include <valijson/schema_parser.hpp>
 #include <valijson/validation_results.hpp>
@@ -16,6 +18,8 @@
 #include <exception>
 #include <functional>
 #include <map>
+#include <new>
+#include <stdexcept>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -81,17 +85,27 @@ void visitSchema(const boost::json::value& node, Pointer& at, const SchemaVisito
   }
 }
 
-// How strip() rewrites "multipleOf" for valijson (checkKeywords() admitted only numbers > 0).
-enum class Divisors { asWritten, asDoubles };
+// valijson evaluates "pattern" with std::regex, which a hostile string drives to exponential
+// time or a stack overflow. What valijson reads has each "pattern" under this keyword of ours
+// instead, which it hands to PatternCheck (below): registry::Pattern, linear in the string.
+constexpr std::string_view kPatternKeyword = "toolhost:pattern";
 
-// The schema without `keyword` wherever a schema stands. With Divisors::asDoubles every
-// "multipleOf" becomes a double: valijson's integer form truncates a fractional instance to an
-// integer (4.5 passed multipleOf 2; a huge one is undefined behaviour) before taking `%`.
+// What strip() rewrites for valijson.
+enum class Rewrite {
+  none,
+  // Every "multipleOf" becomes a double (checkKeywords() admitted only numbers > 0): valijson's
+  // integer form truncates a fractional instance to an integer (4.5 passed multipleOf 2; a huge
+  // one is undefined behaviour) before taking `%`. Every "pattern" moves to kPatternKeyword, and
+  // a kPatternKeyword the schema wrote itself is dropped.
+  forValijson,
+};
+
+// The schema without `keyword` wherever a schema stands, rewritten as `rewrite` says.
 boost::json::value strip(const boost::json::value& node, std::string_view keyword,
-                         Divisors divisors = Divisors::asWritten) {
+                         Rewrite rewrite = Rewrite::none) {
   if (const auto* array = node.if_array()) {
     boost::json::array out;
-    for (const auto& item : *array) out.push_back(strip(item, keyword, divisors));
+    for (const auto& item : *array) out.push_back(strip(item, keyword, rewrite));
     return out;
   }
   const auto* object = node.if_object();
@@ -99,19 +113,23 @@ boost::json::value strip(const boost::json::value& node, std::string_view keywor
   boost::json::object out;
   for (const auto& [key, value] : *object) {
     if (!keyword.empty() && key == keyword) continue;
+    const bool forValijson = rewrite == Rewrite::forValijson;
+    if (forValijson && key == kPatternKeyword) continue;
     const Place place = placeOf(key, value);
-    if (key == "multipleOf" && divisors == Divisors::asDoubles && value.is_number()) {
+    if (forValijson && key == "multipleOf" && value.is_number()) {
       out[key] = value.to_number<double>();
+    } else if (forValijson && key == "pattern") {
+      out[kPatternKeyword] = value;
     } else if (place == Place::data) {
       out[key] = value;
     } else if (place == Place::schemaMap && value.is_object()) {
       boost::json::object members;
       for (const auto& [name, member] : value.get_object()) {
-        members[name] = strip(member, keyword, divisors);
+        members[name] = strip(member, keyword, rewrite);
       }
       out[key] = std::move(members);
     } else {
-      out[key] = strip(value, keyword, divisors);
+      out[key] = strip(value, keyword, rewrite);
     }
   }
   return out;
@@ -135,6 +153,108 @@ std::optional<std::string> checkKeywords(const boost::json::value& document) {
   });
   return refusal;
 }
+
+// --- Patterns ---
+
+using PatternTable = std::map<std::string, Pattern, std::less<>>;
+
+// Every "pattern" where a schema stands, compiled (a source written twice is compiled once), or
+// the first that does not compile, with its place. `instructions` sums the programs' sizes.
+std::optional<std::string> compilePatterns(const boost::json::value& document, PatternTable& table,
+                                           std::size_t& instructions) {
+  std::optional<std::string> refusal;
+  Pointer at;
+  visitSchema(document, at, [&](const boost::json::object& node, const Pointer& where) {
+    const auto* source = node.if_contains("pattern");
+    if (refusal || source == nullptr) return;
+    if (!source->is_string()) {
+      refusal = pointerText(where) + "/pattern: must be a string (a regular expression)";
+      return;
+    }
+    const std::string_view text = source->get_string();
+    if (table.find(text) != table.end()) return;
+    auto compiled = Pattern::compile(text);
+    if (!compiled) {
+      refusal = pointerText(where) + "/pattern: " + compiled.error().detail;
+      return;
+    }
+    instructions += compiled->instructions();
+    table.emplace(std::string(text), std::move(*compiled));
+  });
+  return refusal;
+}
+
+// The budget of the pattern matching of the validation this thread runs (JsonSchema::validate
+// sets it): PatternCheck is called by valijson, which passes no state of ours.
+struct PatternBudget {
+  std::uint64_t steps = JsonSchema::kMaxPatternSteps;
+  bool exhausted = false;
+};
+thread_local PatternBudget* tPatternBudget = nullptr;
+
+class ScopedPatternBudget {
+ public:
+  ScopedPatternBudget() : previous_(std::exchange(tPatternBudget, &budget_)) {}
+  ~ScopedPatternBudget() { tPatternBudget = previous_; }
+  ScopedPatternBudget(const ScopedPatternBudget&) = delete;
+  ScopedPatternBudget& operator=(const ScopedPatternBudget&) = delete;
+  bool exhausted() const { return budget_.exhausted; }
+
+ private:
+  PatternBudget budget_;
+  PatternBudget* previous_;
+};
+
+constexpr std::string_view kPatternFailed = "Failed to match toolhost pattern.";
+constexpr std::string_view kPropertyFailed =
+    "Failed to validate against schema associated with property name '";
+constexpr std::string_view kPatternUnchecked = "Not matched: toolhost pattern budget spent.";
+
+// kPatternKeyword as valijson evaluates it. A string that would take the pattern matcher past
+// the validation's budget fails, and marks the budget spent: validate() then answers that the
+// strings took too long to check, whatever valijson concluded (under "not" a failure passes).
+class PatternCheck final : public valijson::constraints::PolyConstraint {
+ public:
+  explicit PatternCheck(Pattern pattern) : pattern_(std::move(pattern)) {}
+
+  bool validate(const valijson::adapters::Adapter& target, const std::vector<std::string>& context,
+                valijson::ValidationResults* results) const override {
+    std::string subject;
+    if (!target.isString() || !target.getString(subject)) return true;
+    PatternBudget fallback;  // validate() always sets one; this only keeps the bound without it
+    PatternBudget& budget = tPatternBudget != nullptr ? *tPatternBudget : fallback;
+    std::optional<bool> found;
+    if (!budget.exhausted) found = pattern_.search(subject, budget.steps);
+    if (!found) budget.exhausted = true;
+    if (found && *found) return true;
+    if (results != nullptr) {
+      results->pushError(context, std::string(found ? kPatternFailed : kPatternUnchecked));
+    }
+    return false;
+  }
+
+ private:
+  Constraint* cloneInto(void* memory) const override { return new (memory) PatternCheck(*this); }
+  std::size_t sizeOf() const override { return sizeof(PatternCheck); }
+
+  Pattern pattern_;
+};
+
+class PatternBuilder final : public valijson::ConstraintBuilder {
+ public:
+  explicit PatternBuilder(const PatternTable& table) : table_(table) {}
+
+  valijson::constraints::Constraint* make(const valijson::adapters::Adapter& value) const override {
+    std::string source;
+    auto found = value.getString(source) ? table_.find(source) : table_.end();
+    // compilePatterns() saw every pattern where valijson reads one.
+    if (found == table_.end()) throw std::logic_error("a pattern that was not compiled");
+    return new PatternCheck(found->second);
+  }
+
+ private:
+  const PatternTable& table_;
+};
 
 // --- References ---
 //
@@ -323,9 +443,11 @@ std::optional<std::string> checkReferences(const boost::json::value& document,
   return std::nullopt;
 }
 
-std::shared_ptr<const valijson::Schema> parseSchema(const boost::json::value& document) {
+std::shared_ptr<const valijson::Schema> parseSchema(const boost::json::value& document,
+                                                    const PatternTable& patterns) {
   auto parsed = std::make_shared<valijson::Schema>();
   valijson::SchemaParser parser(valijson::SchemaParser::kDraft7);
+  parser.addConstraintBuilder(std::string(kPatternKeyword), new PatternBuilder(patterns));
   valijson::adapters::BoostJsonAdapter adapter(document);
   parser.populateSchema(adapter, *parsed);
   return parsed;
@@ -560,6 +682,20 @@ std::string explained(const boost::json::value& document, const boost::json::val
     }
     return message;
   }
+  if (description == kPropertyFailed) {
+    const auto* names = node != nullptr ? node->if_contains("propertyNames") : nullptr;
+    if (names != nullptr && value != nullptr && value->is_object()) {
+      return "has a property name that its \"propertyNames\" schema does not allow";
+    }
+    return "does not match its schema";
+  }
+  if (description == kPatternFailed) {
+    const auto* pattern = node != nullptr ? node->if_contains("pattern") : nullptr;
+    if (pattern == nullptr || !pattern->is_string()) {
+      return "does not match a pattern the schema requires";
+    }
+    return "must match the pattern " + shown(*pattern, 200);
+  }
   if (description.starts_with("Failed to match against any enum values")) {
     const auto* values = node != nullptr ? node->if_contains("enum") : nullptr;
     if (values == nullptr || !values->is_array()) return "is not one of the values allowed" + itIs;
@@ -652,18 +788,46 @@ boost::system::result<JsonSchema, SchemaError> JsonSchema::compile(const boost::
     }
   });
   compiled.expandedValues_ -= std::min(annotations, compiled.expandedValues_ - 1);
+  PatternTable patterns;
+  if (auto refused = compilePatterns(schema, patterns, compiled.patternInstructions_)) {
+    return SchemaError{*refused};
+  }
   compiled.document_ = std::make_shared<const boost::json::value>(schema);
   try {
     compiled.validatedDocument_ =
-        std::make_shared<const boost::json::value>(strip(schema, "", Divisors::asDoubles));
-    compiled.schema_ = parseSchema(*compiled.validatedDocument_);
+        std::make_shared<const boost::json::value>(strip(schema, "", Rewrite::forValijson));
+    compiled.schema_ = parseSchema(*compiled.validatedDocument_, patterns);
     compiled.diagnosticDocument_ = std::make_shared<const boost::json::value>(
-        strip(schema, "uniqueItems", Divisors::asDoubles));
-    compiled.diagnostic_ = parseSchema(*compiled.diagnosticDocument_);
+        strip(schema, "uniqueItems", Rewrite::forValijson));
+    compiled.diagnostic_ = parseSchema(*compiled.diagnosticDocument_, patterns);
   } catch (const std::exception& error) {
     return SchemaError{std::string("invalid JSON Schema: ") + error.what()};
   }
   return compiled;
+}
+
+std::size_t JsonSchema::checkCost(const boost::json::object& instance) const {
+  std::size_t values = 1;
+  std::size_t stringBytes = 0;
+  auto walk = [&](const auto& self, const boost::json::value& node) -> void {
+    ++values;
+    if (const auto* object = node.if_object()) {
+      for (const auto& member : *object) self(self, member.value());
+    } else if (const auto* array = node.if_array()) {
+      for (const auto& item : *array) self(self, item);
+    } else if (const auto* text = node.if_string()) {
+      stringBytes += text->size();
+    }
+  };
+  for (const auto& member : instance) walk(walk, member.value());
+  const std::size_t matching = patternInstructions_ == 0 ? 0 : stringBytes * patternInstructions_;
+  return values * expandedValues_ + std::min<std::size_t>(matching, kMaxPatternSteps);
+}
+
+std::optional<SchemaViolation> JsonSchema::patternsTooCostly() {
+  return SchemaViolation{"", "too costly to check: its strings take more than " +
+                                 std::to_string(kMaxPatternSteps) +
+                                 " steps of the pattern matcher against the schema's patterns"};
 }
 
 std::optional<SchemaViolation> JsonSchema::validate(const boost::json::value& given,
@@ -686,8 +850,11 @@ std::optional<SchemaViolation> JsonSchema::validate(const boost::json::value& gi
   // (maxItems before uniqueItems). valijson's Validator caches regexes in itself, so each
   // validation gets its own.
   try {
+    ScopedPatternBudget budget;
     valijson::Validator validator;
-    if (validator.validate(*schema_, adapter, nullptr)) return std::nullopt;
+    const bool valid = validator.validate(*schema_, adapter, nullptr);
+    if (budget.exhausted()) return patternsTooCostly();
+    if (valid) return std::nullopt;
   } catch (const std::exception& error) {
     return SchemaViolation{"", std::string("could not be validated: ") + error.what()};
   }
@@ -702,21 +869,37 @@ std::optional<SchemaViolation> JsonSchema::validate(const boost::json::value& gi
   // record every pair of items).
   valijson::ValidationResults results;
   try {
+    ScopedPatternBudget budget;
     valijson::Validator validator;
     validator.validate(*diagnostic_, adapter, &results);
+    // Collecting errors, valijson goes on past the first failure, and may match more strings.
+    if (budget.exhausted()) return patternsTooCostly();
   } catch (const std::exception& error) {
     return SchemaViolation{"", std::string("could not be validated: ") + error.what()};
   }
   // The deepest error is the most specific one.
   valijson::ValidationResults::Error error;
   std::optional<SchemaViolation> best;
-  std::size_t bestDepth = 0;
+  std::size_t bestRank = 0;
   while (results.popError(error)) {
-    if (!best || error.context.size() > bestDepth) {
+    // valijson says which property failed in words, at the object's place: the place is the
+    // property's, where it ranks below any error of its own (there is none when what failed
+    // pushes no error, as propertyNames).
+    std::size_t rank = 2 * error.context.size() + 1;
+    if (error.description.starts_with(kPropertyFailed) && error.description.ends_with("'.")) {
+      error.context.push_back(
+          "[" +
+          error.description.substr(kPropertyFailed.size(),
+                                   error.description.size() - kPropertyFailed.size() - 2) +
+          "]");
+      error.description = kPropertyFailed;
+      rank = 2 * error.context.size();
+    }
+    if (!best || rank > bestRank) {
       best = SchemaViolation{
           toPointer(error.context),
           explained(*document_, instance, contextTokens(error.context), error.description)};
-      bestDepth = error.context.size();
+      bestRank = rank;
     }
   }
   if (!best)

@@ -2,9 +2,11 @@
 // A compiled schema is immutable and may be shared by any number of threads.
 #pragma once
 
+#include <boost/json/object.hpp>
 #include <boost/json/value.hpp>
 #include <boost/system/result.hpp>
 
+#include <cstdint>
 #include <functional>
 #include <limits>
 #include <memory>
@@ -50,6 +52,14 @@ class JsonSchema {
   // for arguments a client sent (tools.call checks large ones on a thread of their own, small
   // ones on the connection's I/O thread).
   static constexpr std::size_t kMaxPairsForArguments = 20'000'000;
+  // The steps of the pattern matcher (registry::Pattern::search) one validation may take, about
+  // a tenth of a second: past it the instance is refused as too costly to check.
+  static constexpr std::uint64_t kMaxPatternSteps = 20'000'000;
+
+  // An estimate of the work of validating `instance`, in the unit of maxPairs: its values times
+  // the schema's, plus its strings' bytes times the size of the schema's patterns (capped at
+  // kMaxPatternSteps). Any thread.
+  std::size_t checkCost(const boost::json::object& instance) const;
 
   // The first violation, if any; past `maxPairs` (instance values times the schema's values,
   // references written out) a violation that says so, without validating. Any thread.
@@ -72,6 +82,9 @@ class JsonSchema {
   std::shared_ptr<const boost::json::value> diagnosticDocument_;
   std::shared_ptr<const valijson::Schema> diagnostic_;
   std::size_t expandedValues_ = 0;  // values of the schema with its references written out
+  std::size_t patternInstructions_ = 0;  // the sizes of its patterns' programs, summed
+
+  static std::optional<SchemaViolation> patternsTooCostly();
 };
 
 }  // namespace toolhost::registry

@@ -15,8 +15,8 @@ namespace json = boost::json;
 
 namespace {
 
-// The published manifest schema. No `pattern` keywords: valijson evaluates them with std::regex,
-// which overflows the stack on long strings. Names and origins are checked in code instead.
+// The published manifest schema. Names and origins are checked in code, with words a pattern's
+// failure would not give.
 constexpr std::string_view kManifestSchema = R"schema({
   "$schema": "http://json-schema.org/draft-07/schema#",
   "title": "ToolManifest",
@@ -28,7 +28,7 @@ constexpr std::string_view kManifestSchema = R"schema({
     "name": {"type": "string", "minLength": 1, "maxLength": 64,
              "description": "lowercase letters and digits in words joined by single '-' or '_', starting with a letter"},
     "description": {"type": "string", "maxLength": 8192},
-    "parameters": {"type": "object", "description": "JSON Schema (draft 7) of the call arguments; its root is an object schema. pattern and patternProperties are refused; format is an annotation only."},
+    "parameters": {"type": "object", "description": "JSON Schema (draft 7) of the call arguments; its root is an object schema. A pattern is an ECMA-262 regular expression read as with the u flag, without lookaround, backreferences or \\p{...}; patternProperties is refused; format is an annotation only."},
     "settings": {"type": "object", "description": "JSON Schema of the per-tool settings (tools.configure)"},
     "execution": {
       "type": "object",

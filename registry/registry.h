@@ -220,10 +220,11 @@ class Registry {
 bool isValidToolName(std::string_view name);
 inline constexpr std::size_t kMaxToolNameLength = 64;
 
-// Checks a JSON Schema that a tool supplies (parameters, settings): it compiles, and it uses no
-// keyword the daemon refuses to evaluate on untrusted input (`pattern`, `patternProperties`:
-// std::regex can be driven to exponential time or stack exhaustion; `uniqueItems` without a
-// `maxItems` of at most 1000: quadratic time). `where` prefixes the error ("parameters").
+// Checks a JSON Schema that a tool supplies (parameters, settings): it compiles (each `pattern`
+// with registry::Pattern), and it uses no keyword the daemon refuses to evaluate on untrusted
+// input (`patternProperties`: valijson matches it with std::regex, which can be driven to
+// exponential time or stack exhaustion; `uniqueItems` without a `maxItems` of at most
+// 100: quadratic time). `where` prefixes the error ("parameters").
 Result<JsonSchema> compileToolSchema(const boost::json::value& schema, std::string_view where);
 
 

@@ -132,8 +132,9 @@ TEST_CASE("every install refusal names the field and the reason", "[e2e][tools]"
   m["execution"] = json::parse(R"({"class":"trusted-native","implementationRevision":"sha256:AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"})");
   refuse(m, -32011, "trusted-native");
   m = manifest("t");
-  m["parameters"] = json::parse(R"({"type":"object","properties":{"p":{"type":"string","pattern":"x"}}})");
-  refuse(m, -32011, "pattern");
+  m["parameters"] =
+      json::parse(R"j({"type":"object","properties":{"p":{"type":"string","pattern":"x(?!y)"}}})j");
+  refuse(m, -32011, "manifest/parameters/properties/p/pattern");
   m = manifest("t");
   m["surprise"] = 1;
   refuse(m, -32602, "params/manifest");
@@ -468,4 +469,34 @@ TEST_CASE("checking large arguments does not hold up other connections", "[e2e][
   REQUIRE(answer.contains("result"));
   CHECK(answer.at("result").at("result") == 30'000);
   CHECK(pingTook * 4 < callTook);
+}
+
+TEST_CASE("a pattern in a tool's parameters is checked before the tool runs", "[e2e][tools]") {
+  auto daemon = DaemonProcess::start();
+  RawClient client(daemon->socket());
+  auto m = manifest("airport", "export default async (a) => a.code.toLowerCase()");
+  m["parameters"] = json::parse(R"({"type":"object","required":["code"],
+      "properties":{"code":{"type":"string","pattern":"^[A-Z]{3}$"},
+                    "note":{"type":"string","pattern":"^(\\w+\\s?)*$"}}})");
+  const auto installed = resultOf(client.call("tools.install", json::object{{"manifest", m}}));
+  resultOf(client.call("tools.activate",
+                       json::object{{"name", "airport"}, {"revision", installed.at("revision")}}));
+  auto call = [&](json::object arguments) {
+    return client.call("tools.call",
+                       json::object{{"name", "airport"}, {"arguments", std::move(arguments)}});
+  };
+  CHECK(resultOf(call(json::object{{"code", "CDG"}})).at("result") == "cdg");
+  auto refused = call(json::object{{"code", "Paris"}});
+  CHECK(errorCode(refused) == -32602);
+  CHECK_THAT(errorDetail(refused), Catch::Contains("arguments/code: must match the pattern"));
+  // A backtracking engine would not answer this in a lifetime: about 2 MB of words and a '!'
+  // (checked off the I/O thread), and the daemon goes on.
+  std::string words;
+  while (words.size() < 2'000'000) words += "word ";
+  words += "!";
+  refused = call(json::object{{"code", "CDG"}, {"note", words}});
+  CHECK(errorCode(refused) == -32602);
+  CHECK_THAT(errorDetail(refused), Catch::Contains("arguments"));
+  CHECK(resultOf(call(json::object{{"code", "ORY"}, {"note", "a quiet airport"}})).at("result") ==
+        "ory");
 }

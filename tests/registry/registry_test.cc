@@ -379,9 +379,18 @@ TEST_CASE("manifest refusals name the field and the reason", "[registry]") {
   m["parameters"] = json::parse(R"({"type":"array"})");
   refused(m, "manifest/parameters");
 
+  // Patterns are compiled at install: one toolhost's matcher cannot run is refused there.
   m = manifest();
-  m["parameters"] = json::parse(R"({"type":"object","properties":{"a":{"type":"string","pattern":"^(a+)+$"}}})");
+  m["parameters"] =
+      json::parse(R"j({"type":"object","properties":{"a":{"type":"string","pattern":"^(?=a)"}}})j");
   refused(m, "manifest/parameters/properties/a/pattern");
+  m = manifest();
+  m["parameters"] =
+      json::parse(R"({"type":"object","properties":{"a":{"type":"string","pattern":"a{2,1}"}}})");
+  refused(m, "manifest/parameters/properties/a/pattern");
+  m = manifest();
+  m["parameters"] = json::parse(R"({"type":"object","properties":{"a":{"pattern":5}}})");
+  refused(m, "manifest/parameters/properties/a/pattern: must be a string");
 
   m = manifest();
   m["parameters"] = json::parse(R"({"type":"object","patternProperties":{"^x":{}}})");
@@ -438,7 +447,7 @@ TEST_CASE("manifest refusals name the field and the reason", "[registry]") {
   refused(m, "empty tokens");
   m = manifest();
   m["parameters"] = json::parse(
-      R"({"type":"object","properties":{"default":{"type":"string","pattern":"^(a|b)*$"}}})");
+      R"({"type":"object","properties":{"default":{"type":"string","pattern":"^(a|b)*\\1$"}}})");
   refused(m, "manifest/parameters/properties/default/pattern");
   m = manifest();
   m["parameters"] = json::parse(
@@ -557,6 +566,82 @@ TEST_CASE("format is an annotation: no regular expression ever runs on arguments
   json::object arguments{{"when", std::string(500000, '1')}};
   CHECK_FALSE(schema->validate(arguments).has_value());
   CHECK(schema->validate(json::object{{"when", 5}}).has_value());
+}
+
+TEST_CASE("pattern is matched in linear time, wherever a schema stands", "[registry][pattern]") {
+  auto schema = compileToolSchema(json::parse(R"({
+    "type": "object",
+    "properties": {
+      "code": {"type": "string", "pattern": "^[A-Z]{3}$"},
+      "slug": {"$ref": "#/definitions/slug"},
+      "either": {"anyOf": [{"type": "integer"}, {"type": "string", "pattern": "^x+$"}]},
+      "never": {"not": {"type": "string", "pattern": "^(a+)+$"}},
+      "pattern": {"type": "string"},
+      "names": {"type": "object", "propertyNames": {"pattern": "^[a-z]+$"}},
+      "any": {"pattern": "\\d"}
+    },
+    "definitions": {"slug": {"type": "string", "pattern": "^[a-z0-9]+(?:-[a-z0-9]+)*$"}}
+  })"),
+                                  "parameters");
+  REQUIRE(schema.has_value());
+  auto ok = [&](const char* arguments) {
+    INFO(arguments);
+    auto violation = schema->validate(json::parse(arguments));
+    if (violation) INFO(violation->describe("arguments"));
+    CHECK_FALSE(violation.has_value());
+  };
+  auto bad = [&](const char* arguments, const std::string& path, const std::string& reason) {
+    INFO(arguments);
+    auto violation = schema->validate(json::parse(arguments));
+    REQUIRE(violation);
+    CHECK(violation->path == path);
+    CHECK_THAT(violation->reason, Catch::Contains(reason));
+  };
+  ok(R"({"code":"CDG","slug":"new-york","either":5,"pattern":"(","names":{"ab":1},"any":3})");
+  ok(R"({"either":"xxx","never":"aab","any":"a1"})");
+  bad(R"({"code":"cdg"})", "/code", "must match the pattern \"^[A-Z]{3}$\"");
+  bad(R"({"code":"CDGX"})", "/code", "must match the pattern");
+  bad(R"({"slug":"new--york"})", "/slug", "must match the pattern");
+  bad(R"({"never":"aaaa"})", "/never", "");
+  bad(R"({"names":{"A":1}})", "/names", "a property name that its \"propertyNames\" schema");
+  bad(R"({"any":"abc"})", "/any", R"(must match the pattern "\\d")");  // no digit anywhere
+  bad(R"({"either":"xy"})", "/either", "");
+
+  // The classic catastrophic patterns: a backtracking engine would not finish these in a
+  // lifetime; the matcher takes a step per state per character.
+  auto catastrophic = compileToolSchema(json::parse(R"({"type":"object","properties":{
+      "a": {"type": "string", "pattern": "^(a+)+$"},
+      "b": {"type": "string", "pattern": "^(\\w+\\s?)*$"}}})"),
+                                        "parameters");
+  REQUIRE(catastrophic.has_value());
+  const std::string longA = std::string(30000, 'a') + "!";
+  auto violation = catastrophic->validate(json::object{{"a", longA}});
+  REQUIRE(violation);
+  CHECK(violation->path == "/a");
+  violation = catastrophic->validate(json::object{{"b", std::string(20000, 'w') + " w!"}});
+  REQUIRE(violation);
+  CHECK(violation->path == "/b");
+  CHECK_FALSE(catastrophic->validate(json::object{{"b", std::string(20000, 'w') + " w"}}));
+
+  // Past the budget of one validation, the arguments are refused as too costly, also where a
+  // failure would have passed (under "not").
+  json::array many(200, json::value(std::string(100000, 'a') + "!"));
+  auto costly = compileToolSchema(json::parse(R"({"type":"object","properties":{
+      "xs": {"type": "array", "items": {"not": {"type": "string", "pattern": "^(a|aa)+$"}}}}})"),
+                                  "parameters");
+  REQUIRE(costly.has_value());
+  violation = costly->validate(json::object{{"xs", many}});
+  REQUIRE(violation);
+  CHECK(violation->path.empty());
+  CHECK_THAT(violation->reason, Catch::Contains("too costly to check"));
+  CHECK(costly->checkCost(json::object{{"xs", many}}) > 1'000'000);
+
+  // What valijson would read as its own keyword is not ours to write.
+  auto smuggled = compileToolSchema(
+      json::parse(R"({"type":"object","properties":{"a":{"toolhost:pattern":"^$"}}})"),
+      "parameters");
+  REQUIRE(smuggled.has_value());
+  CHECK_FALSE(smuggled->validate(json::object{{"a", "x"}}));
 }
 
 TEST_CASE("list shows every active binding", "[registry]") {

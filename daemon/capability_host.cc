@@ -5,6 +5,7 @@
 #include "registry/manifest.h"
 
 #include <spdlog/spdlog.h>
+#include <boost/algorithm/string/predicate.hpp>
 #include <boost/asio/bind_cancellation_slot.hpp>
 #include <boost/asio/cancellation_signal.hpp>
 #include <boost/asio/co_spawn.hpp>
@@ -15,6 +16,8 @@
 #include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/system/system_error.hpp>
+#include <boost/url/parse.hpp>
+#include <boost/url/url.hpp>
 
 #include <chrono>
 #include <exception>
@@ -142,26 +145,221 @@ asio::awaitable<policy::Decision> authorize(MediationServices services,
 // ---------------------------------------------------------------------------------------------
 // fetch
 
+// The runtime builds the request; a shape it should never send is refused with these words.
+HostOpFailure malformed(std::string_view what) {
+  return {"internal", "the runtime passed a malformed fetch request (" + std::string(what) + ")"};
+}
+
+// What a redirect's next request takes from the tool once startFetch has returned.
+struct FetchCaller {
+  std::string name;
+  std::string revision;
+  json::object manifest;  // only its capabilities.fetch: what manifestRequests() reads
+};
+
+// What fetch does with a redirect (the request's "redirect", as in the Fetch standard; without
+// one, "manual").
+enum class RedirectMode { follow, manual, error };
+
+// As browsers: at most 20 redirects for one fetch.
+constexpr unsigned kMaxRedirects = 20;
+
 struct FetchJob {
   MediationServices services;
-  std::string toolName;
+  std::shared_ptr<const FetchCaller> caller;
   policy::DecisionKey key;
   bool requested = false;
   std::optional<std::string> privateRange;
-  policy::HttpRequest request;
+  policy::HttpRequest request;  // secrets as placeholders until the request is sent
   std::string url;  // origin + path and query, as fetched: the reply's url
+  RedirectMode redirect = RedirectMode::manual;
+  unsigned redirects = 0;  // followed to get here
   std::shared_ptr<HostOperation> operation;
 };
 
-json::value replyOf(policy::HttpResponse& response, const std::string& url) {
+json::value replyOf(policy::HttpResponse& response, const std::string& url, bool redirected) {
   json::array headers;
   headers.reserve(response.headers.size());
   for (auto& [name, value] : response.headers) headers.push_back(json::array{name, value});
   return json::object{{"status", response.status},
                       {"statusText", response.statusText},
                       {"url", url},
+                      {"redirected", redirected},
                       {"headers", std::move(headers)},
                       {"bodyBase64", base64Encode(response.body)}};
+}
+
+// The parts of a request before its URL is checked: the tool's, or a redirect's next hop.
+struct FetchInput {
+  std::string_view url;
+  std::string method = "GET";  // as the tool wrote it
+  std::vector<std::pair<std::string, std::string>> headers;
+  const json::string* bodyBase64 = nullptr;  // the tool's body, not decoded yet
+  std::string body;                          // a redirect's (307, 308), when no bodyBase64
+};
+
+// Checks 1-4, the header and body checks and the secret placeholders of one request, each
+// refusal audited: the job that authorizes and sends it, or why it may not be sent. A
+// redirect's next request passes every check a tool's request does.
+boost::system::result<FetchJob, HostOpFailure> prepareFetch(
+    MediationServices& mediation, std::shared_ptr<const FetchCaller> caller, FetchInput input,
+    std::shared_ptr<HostOperation> operation) {
+  const FetchCaller& tool = *caller;
+  // Checks 1-3: the URL as browsers parse it, https only, no credentials, no blocked literal.
+  auto destination = policy::parseDestination(input.url, mediation.http.rules());
+  if (!destination) {
+    const std::string code(policy::errorCode(destination.error().code));
+    std::string message = std::move(destination.error().message);
+    if (destination.error().code == policy::DestinationErrc::credentialsInUrl) {
+      // The parser quotes the authority, which holds the credentials: never hand them back.
+      message =
+          "URLs must not carry a user name or password (the part before '@'). Remove it; fetch "
+          "sends no credentials taken from URLs.";
+    }
+    auditRefusal(mediation.audit, tool.revision, tool.name, policy::kActionFetch, "", std::nullopt,
+                 code);
+    return HostOpFailure{code, std::move(message)};
+  }
+
+  // Check 4: the access class of the method.
+  policy::HttpRequest http;
+  http.method = policy::normalizeMethod(input.method);
+  http.destination = std::move(*destination);
+  http.headers = std::move(input.headers);
+  const policy::AccessClass access = policy::accessClassOf(http.method);
+  const std::string origin = http.destination.origin;
+
+  const policy::FetchLimits limits = fetchLimits(*mediation.configs.current());
+  if (input.bodyBase64 != nullptr) {
+    // Refuse an oversized body before decoding it.
+    if (input.bodyBase64->size() / 4 * 3 > limits.maxRequestBodyBytes + 2) {
+      auditRefusal(mediation.audit, tool.revision, tool.name, policy::kActionFetch, origin, access,
+                   "request-too-large");
+      return HostOpFailure{"request-too-large", "The request body is larger than the limit of " +
+                                                    std::to_string(limits.maxRequestBodyBytes) +
+                                                    " bytes."};
+    }
+    auto decoded = base64Decode(*input.bodyBase64);
+    if (!decoded) return malformed("bodyBase64 is not base64");
+    http.body = std::move(*decoded);
+  } else {
+    http.body = std::move(input.body);
+  }
+  // Headers, method and body are checked before anyone is asked: a request that could never be
+  // sent must not cost a person a prompt.
+  if (auto checked = policy::checkRequest(http, limits); !checked) {
+    const std::string code(policy::errorCode(checked.error().code));
+    auditRefusal(mediation.audit, tool.revision, tool.name, policy::kActionFetch, origin, access,
+                 code);
+    return HostOpFailure{code, std::move(checked.error().message)};
+  }
+  // Secret placeholders: refused in the URL, toward ungranted origins, in disallowed bodies.
+  if (auto refused = checkSecrets(mediation, tool.name, tool.revision, input.url, http)) {
+    auditRefusal(mediation.audit, tool.revision, tool.name, policy::kActionFetch, origin, access,
+                 refused->code);
+    return std::move(*refused);
+  }
+
+  FetchJob job{
+      mediation,
+      caller,
+      policy::DecisionKey{tool.revision, std::string(policy::kActionFetch), origin, access},
+      false,
+      privateRangeText(http.destination),
+      std::move(http),
+      "",
+      RedirectMode::manual,
+      0,
+      std::move(operation)};
+  job.requested = policy::manifestRequests(tool.manifest, job.key);
+  job.url = origin + job.request.destination.pathAndQuery;
+  return job;
+}
+
+bool isRedirect(unsigned status) {
+  return status == 301 || status == 302 || status == 303 || status == 307 || status == 308;
+}
+
+// `text` with every byte RFC 3986 has no place for percent-encoded (spaces, non-ASCII, and the
+// few ASCII characters URLs as browsers write them keep, such as '|' or '^'), so that
+// boost::urls can resolve it: the server reads an encoded byte as the byte.
+std::string uriSafe(std::string_view text) {
+  static constexpr std::string_view kAllowed =
+      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~:/?#[]@!$&'()*+,;=%";
+  static constexpr char kHex[] = "0123456789ABCDEF";
+  std::string out;
+  out.reserve(text.size());
+  for (const char c : text) {
+    if (kAllowed.find(c) != std::string_view::npos) {
+      out += c;
+    } else {
+      const auto byte = static_cast<unsigned char>(c);
+      out += '%';
+      out += kHex[byte >> 4];
+      out += kHex[byte & 0xF];
+    }
+  }
+  return out;
+}
+
+// The request a redirect leads to, as the Fetch standard's HTTP-redirect fetch makes it: the
+// Location resolved against the URL fetched, without its fragment; a 303, or a 301 or 302 of a
+// POST, becomes a GET without a body or the headers that describe one; toward another origin
+// it goes without the Authorization header. Empty when the response has no Location (it is then
+// the answer). `nextUrl` holds the URL the input points to.
+boost::system::result<std::optional<FetchInput>, HostOpFailure> redirectedInput(
+    const FetchJob& job, const policy::HttpResponse& response, std::string& nextUrl) {
+  const std::string* location = nullptr;
+  for (const auto& [name, value] : response.headers) {
+    if (name == "location") {
+      location = &value;
+      break;
+    }
+  }
+  if (location == nullptr) return std::optional<FetchInput>{};
+  const std::string locationText = uriSafe(*location);
+  const std::string baseText = uriSafe(job.url);
+  auto reference = boost::urls::parse_uri_reference(locationText);
+  auto base = boost::urls::parse_uri(baseText);
+  boost::urls::url resolved;
+  if (!reference || !base || !boost::urls::resolve(*base, *reference, resolved)) {
+    return HostOpFailure{"redirect-failed",
+                         "The response of " + job.url + " is a redirect (" +
+                             std::to_string(response.status) +
+                             ") whose Location is not a URL; fetch with redirect: \"manual\" "
+                             "to read it."};
+  }
+  resolved.remove_fragment();
+  nextUrl = std::string(resolved.buffer());
+
+  FetchInput next;
+  next.url = nextUrl;
+  next.method = job.request.method;
+  next.headers = job.request.headers;
+  next.body = job.request.body;
+  const bool toGet = response.status == 303 ? next.method != "GET" && next.method != "HEAD"
+                                            : (response.status == 301 || response.status == 302) &&
+                                                  next.method == "POST";
+  auto drop = [&](auto&& which) {
+    std::erase_if(next.headers, [&](const auto& header) { return which(header.first); });
+  };
+  if (toGet) {
+    next.method = "GET";
+    next.body.clear();
+    drop([](const std::string& name) {
+      for (std::string_view described : {"content-encoding", "content-language", "content-location",
+                                         "content-type", "content-length"}) {
+        if (boost::algorithm::iequals(name, described)) return true;
+      }
+      return false;
+    });
+  }
+  // A URL that does not parse fails in prepareFetch(), with the words of the first request's.
+  auto destination = policy::parseDestination(nextUrl, job.services.http.rules());
+  if (!destination || destination->origin != job.key.target) {
+    drop([](const std::string& name) { return boost::algorithm::iequals(name, "authorization"); });
+  }
+  return std::optional<FetchInput>{std::move(next)};
 }
 
 // The bytes of a request's header values: what substituting secrets changes, with the body.
@@ -171,81 +369,145 @@ std::size_t headerValueBytes(const policy::HttpRequest& request) {
   return total;
 }
 
-asio::awaitable<void> runFetch(FetchJob job) {
-  HostOperation& operation = *job.operation;
-  const std::string& path = job.request.destination.pathAndQuery;
-  policy::AuthorizationRequest ask;
-  ask.key = job.key;
-  ask.toolName = job.toolName;
-  ask.manifestRequests = job.requested;
-  ask.privateRange = job.privateRange;
-  // The path without the query (queries carry keys more often than paths do), cut short for the
-  // prompt; a request joins a pending prompt only with the whole of it the same.
-  const std::string withoutQuery = path.substr(0, path.find('?'));
-  ask.detail = job.request.method + " " + withoutQuery.substr(0, 200) +
-               (withoutQuery.size() > 200 ? "..." : "");
-  ask.sameAs = job.request.method + " " + withoutQuery;
-  auto decision = co_await authorize(job.services, std::move(ask), job.operation, true);
-  if (decision.source == policy::DecisionSource::cancelled) {
-    operation.complete(cancelledFailure());
-    co_return;
-  }
-  if (!decision.allowed()) {
-    operation.complete(notAuthorized(decision, job.key, job.toolName));
-    co_return;
-  }
-
-  RequestRecord record{job.key, job.toolName, decision.scope, job.request.method, "", {}, {}, {}};
-  // Secrets go in now, after authorization, and come out of the response before the tool sees it.
-  const std::size_t placedHeaders = headerValueBytes(job.request);
-  const std::size_t placedBody = job.request.body.size();
-  auto secrets = substituteSecrets(job.services, job.toolName, job.key.toolRevision, job.request);
-  if (!secrets) {
-    auditRefusal(job.services.audit, job.key.toolRevision, job.toolName, job.key.action,
-                 job.key.target, job.key.access, secrets.error().code);
-    operation.complete(std::move(secrets.error()));
-    co_return;
-  }
-  record.secrets = secrets->names;
-  // Every value the revision may send to this origin comes out of what it receives from there,
-  // not only the ones this request carried: a value sent earlier to a server that keeps it (a
-  // note, a paste) would otherwise come back whole in a later response.
-  if (job.services.secrets != nullptr) {
-    for (auto& value : job.services.secrets->valuesFor(
-             job.key.toolRevision, job.request.destination.origin, secrets->names)) {
-      secrets->values.push_back(std::move(value));
+// Authorizes and sends one request, and each request its redirects lead to (job.redirect): every
+// one is authorized, audited, and gets its secrets, on its own.
+asio::awaitable<void> runFetch(FetchJob first) {
+  std::optional<FetchJob> current(std::move(first));  // a redirect's job takes its place
+  // The secret values of the requests before this one: a server that had one may send it on in
+  // a Location, so they come out of everything the tool gets, the URLs included.
+  std::vector<policy::SecretValue> earlier;
+  for (;;) {
+    FetchJob& job = *current;
+    HostOperation& operation = *job.operation;
+    const std::string& path = job.request.destination.pathAndQuery;
+    policy::AuthorizationRequest ask;
+    ask.key = job.key;
+    ask.toolName = job.caller->name;
+    ask.manifestRequests = job.requested;
+    ask.privateRange = job.privateRange;
+    // The path without the query (queries carry keys more often than paths do), cut short for
+    // the prompt; a request joins a pending prompt only with the whole of it the same.
+    const std::string withoutQuery = path.substr(0, path.find('?'));
+    ask.detail = job.request.method + " " + withoutQuery.substr(0, 200) +
+                 (withoutQuery.size() > 200 ? "..." : "") +
+                 (job.redirects > 0 ? " (a redirect)" : "");
+    ask.sameAs = job.request.method + " " + withoutQuery;
+    auto decision = co_await authorize(job.services, std::move(ask), job.operation, true);
+    if (decision.source == policy::DecisionSource::cancelled) {
+      operation.complete(cancelledFailure());
+      co_return;
     }
-  }
-  auto limits = fetchLimits(*job.services.configs.current());
-  // The request passed its size limits with the placeholders in it; what the values add to each
-  // part is not held against that part, or a tool could learn a value's length from where a
-  // request starts failing.
-  const std::size_t sentHeaders = headerValueBytes(job.request);
-  limits.secretHeaderBytes = sentHeaders > placedHeaders ? sentHeaders - placedHeaders : 0;
-  limits.secretBodyBytes =
-      job.request.body.size() > placedBody ? job.request.body.size() - placedBody : 0;
-  const auto started = Clock::now();
-  auto result = co_await job.services.http.fetch(std::move(job.request), limits, job.toolName);
-  record.duration = since(started);
-  if (!result) {
-    record.outcome = std::string(policy::errorCode(result.error().code));
+    if (!decision.allowed()) {
+      auto refusal = notAuthorized(decision, job.key, job.caller->name);
+      if (job.redirects > 0) refusal.message += " (the request followed a redirect)";
+      operation.complete(std::move(refusal));
+      co_return;
+    }
+
+    RequestRecord record{job.key, job.caller->name, decision.scope, job.request.method, "", {}, {},
+                         {}};
+    // A redirect's next request is made from this one as the tool wrote it: with placeholders,
+    // whose values go only where they are granted.
+    std::optional<policy::HttpRequest> asWritten;
+    if (job.redirect != RedirectMode::manual) asWritten = job.request;
+    // Secrets go in now, after authorization, and come out of the response before the tool
+    // sees it.
+    const std::size_t placedHeaders = headerValueBytes(job.request);
+    const std::size_t placedBody = job.request.body.size();
+    auto secrets =
+        substituteSecrets(job.services, job.caller->name, job.key.toolRevision, job.request);
+    if (!secrets) {
+      auditRefusal(job.services.audit, job.key.toolRevision, job.caller->name, job.key.action,
+                   job.key.target, job.key.access, secrets.error().code);
+      operation.complete(std::move(secrets.error()));
+      co_return;
+    }
+    record.secrets = secrets->names;
+    for (auto& value : earlier) secrets->values.push_back(std::move(value));
+    earlier.clear();
+    // Every value the revision may send to this origin comes out of what it receives from
+    // there, not only the ones this request carried: a value sent earlier to a server that
+    // keeps it (a note, a paste) would otherwise come back whole in a later response.
+    if (job.services.secrets != nullptr) {
+      for (auto& value : job.services.secrets->valuesFor(
+               job.key.toolRevision, job.request.destination.origin, secrets->names)) {
+        secrets->values.push_back(std::move(value));
+      }
+    }
+    auto limits = fetchLimits(*job.services.configs.current());
+    // The request passed its size limits with the placeholders in it; what the values add to
+    // each part is not held against that part, or a tool could learn a value's length from
+    // where a request starts failing.
+    const std::size_t sentHeaders = headerValueBytes(job.request);
+    limits.secretHeaderBytes = sentHeaders > placedHeaders ? sentHeaders - placedHeaders : 0;
+    limits.secretBodyBytes =
+        job.request.body.size() > placedBody ? job.request.body.size() - placedBody : 0;
+    const auto started = Clock::now();
+    auto result =
+        co_await job.services.http.fetch(std::move(job.request), limits, job.caller->name);
+    record.duration = since(started);
+    if (!result) {
+      record.outcome = std::string(policy::errorCode(result.error().code));
+      auditRequest(job.services.audit, record);
+      std::string message = result.error().message;
+      redactSecrets(*secrets, message);
+      operation.complete(HostOpFailure{record.outcome, std::move(message)});
+      co_return;
+    }
+    record.outcome = "ok";
+    record.status = static_cast<int>(result->status);
+    record.bytes = result->body.size();
     auditRequest(job.services.audit, record);
-    std::string message = result.error().message;
-    redactSecrets(*secrets, message);
-    operation.complete(HostOpFailure{record.outcome, std::move(message)});
+
+    if (job.redirect != RedirectMode::manual && isRedirect(result->status)) {
+      job.request = std::move(*asWritten);
+      std::string nextUrl;
+      auto next = redirectedInput(job, *result, nextUrl);
+      if (!next) {
+        HostOpFailure failure = next.error();
+        redactSecrets(*secrets, failure.message);
+        operation.complete(std::move(failure));
+        co_return;
+      }
+      if (*next) {
+        if (job.redirect == RedirectMode::error) {
+          HostOpFailure failure{"redirect-failed",
+                                "The response of " + job.url + " is a redirect (" +
+                                    std::to_string(result->status) +
+                                    ") and the request said redirect: \"error\"."};
+          redactSecrets(*secrets, failure.message);
+          operation.complete(std::move(failure));
+          co_return;
+        }
+        if (job.redirects == kMaxRedirects) {
+          HostOpFailure failure{"redirect-failed", "More than " + std::to_string(kMaxRedirects) +
+                                                       " redirects, the last from " + job.url +
+                                                       "."};
+          redactSecrets(*secrets, failure.message);
+          operation.complete(std::move(failure));
+          co_return;
+        }
+        auto prepared = prepareFetch(job.services, job.caller, std::move(**next), job.operation);
+        if (!prepared) {
+          auto failure = std::move(prepared.error());
+          failure.message += " (the request followed a redirect from " + job.url + ")";
+          redactSecrets(*secrets, failure.message);
+          operation.complete(std::move(failure));
+          co_return;
+        }
+        prepared->redirect = job.redirect;
+        prepared->redirects = job.redirects + 1;
+        earlier = std::move(secrets->values);
+        current.emplace(std::move(*prepared));
+        continue;
+      }
+    }
+    redactSecrets(*secrets, *result);
+    std::string url = job.url;
+    redactSecrets(*secrets, url);
+    operation.complete(replyOf(*result, url, job.redirects > 0));
     co_return;
   }
-  record.outcome = "ok";
-  record.status = static_cast<int>(result->status);
-  record.bytes = result->body.size();
-  auditRequest(job.services.audit, record);
-  redactSecrets(*secrets, *result);
-  operation.complete(replyOf(*result, job.url));
-}
-
-// The runtime builds the request; a shape it should never send is refused with these words.
-HostOpFailure malformed(std::string_view what) {
-  return {"internal", "the runtime passed a malformed fetch request (" + std::string(what) + ")"};
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -447,37 +709,28 @@ void DaemonCapabilityHost::startOperation(const registry::ToolRevision& caller,
 void DaemonCapabilityHost::startFetch(const registry::ToolRevision& caller,
                                       const json::value& request,
                                       std::shared_ptr<HostOperation> operation) {
-  MediationServices& mediation = services_.mediation;
   const json::object* fields = request.if_object();
   if (fields == nullptr) return operation->complete(malformed("not an object"));
   const json::value* url = fields->if_contains("url");
   const json::value* method = fields->if_contains("method");
+  const json::value* redirect = fields->if_contains("redirect");
   if (url == nullptr || !url->is_string()) return operation->complete(malformed("url"));
   if (method != nullptr && !method->is_string()) return operation->complete(malformed("method"));
-
-  // Checks 1-3: the URL as browsers parse it, https only, no credentials, no blocked literal.
-  auto destination = policy::parseDestination(url->get_string(), mediation.http.rules());
-  if (!destination) {
-    const std::string code(policy::errorCode(destination.error().code));
-    std::string message = std::move(destination.error().message);
-    if (destination.error().code == policy::DestinationErrc::credentialsInUrl) {
-      // The parser quotes the authority, which holds the credentials: never hand them back.
-      message =
-          "URLs must not carry a user name or password (the part before '@'). Remove it; fetch "
-          "sends no credentials taken from URLs.";
+  // No automatic redirects (ARCHITECTURE.md, Policy): a redirect is followed only when the
+  // tool asks, which gives it nothing it could not do itself by fetching the Location.
+  RedirectMode mode = RedirectMode::manual;
+  if (redirect != nullptr) {
+    if (*redirect == "follow") {
+      mode = RedirectMode::follow;
+    } else if (*redirect == "error") {
+      mode = RedirectMode::error;
+    } else if (*redirect != "manual") {
+      return operation->complete(malformed("redirect"));
     }
-    auditRefusal(mediation.audit, caller.revision, caller.name, policy::kActionFetch, "",
-                 std::nullopt, code);
-    return operation->complete(HostOpFailure{code, std::move(message)});
   }
-
-  // Check 4: the access class of the method.
-  policy::HttpRequest http;
-  http.method = policy::normalizeMethod(method != nullptr ? method->get_string() : "GET");
-  http.destination = std::move(*destination);
-  const policy::AccessClass access = policy::accessClassOf(http.method);
-  const std::string origin = http.destination.origin;
-
+  FetchInput input;
+  input.url = url->get_string();
+  if (method != nullptr) input.method = method->get_string();
   if (const json::value* headers = fields->if_contains("headers")) {
     if (!headers->is_array()) return operation->complete(malformed("headers"));
     for (const auto& pair : headers->get_array()) {
@@ -486,54 +739,29 @@ void DaemonCapabilityHost::startFetch(const registry::ToolRevision& caller,
           !(*entry)[1].is_string()) {
         return operation->complete(malformed("headers must be [name, value] pairs"));
       }
-      http.headers.emplace_back(std::string((*entry)[0].get_string()),
-                                std::string((*entry)[1].get_string()));
+      input.headers.emplace_back(std::string((*entry)[0].get_string()),
+                                 std::string((*entry)[1].get_string()));
     }
   }
-  const policy::FetchLimits limits = fetchLimits(*mediation.configs.current());
   if (const json::value* body = fields->if_contains("bodyBase64")) {
     if (!body->is_string()) return operation->complete(malformed("bodyBase64"));
-    // Refuse an oversized body before decoding it.
-    if (body->get_string().size() / 4 * 3 > limits.maxRequestBodyBytes + 2) {
-      auditRefusal(mediation.audit, caller.revision, caller.name, policy::kActionFetch, origin,
-                   access, "request-too-large");
-      return operation->complete(HostOpFailure{
-          "request-too-large", "The request body is larger than the limit of " +
-                                   std::to_string(limits.maxRequestBodyBytes) + " bytes."});
-    }
-    auto decoded = base64Decode(body->get_string());
-    if (!decoded) return operation->complete(malformed("bodyBase64 is not base64"));
-    http.body = std::move(*decoded);
-  }
-  // Headers, method and body are checked before anyone is asked: a request that could never be
-  // sent must not cost a person a prompt.
-  if (auto checked = policy::checkRequest(http, limits); !checked) {
-    const std::string code(policy::errorCode(checked.error().code));
-    auditRefusal(mediation.audit, caller.revision, caller.name, policy::kActionFetch, origin,
-                 access, code);
-    return operation->complete(HostOpFailure{code, std::move(checked.error().message)});
-  }
-  // Secret placeholders: refused in the URL, toward ungranted origins, in disallowed bodies.
-  if (auto refused =
-          checkSecrets(mediation, caller.name, caller.revision, url->get_string(), http)) {
-    auditRefusal(mediation.audit, caller.revision, caller.name, policy::kActionFetch, origin,
-                 access, refused->code);
-    return operation->complete(std::move(*refused));
+    input.bodyBase64 = &body->get_string();
   }
 
-  FetchJob job{
-      mediation,
-      caller.name,
-      policy::DecisionKey{caller.revision, std::string(policy::kActionFetch), origin, access},
-      false,
-      privateRangeText(http.destination),
-      std::move(http),
-      "",
-      operation};
-  job.requested = policy::manifestRequests(caller.manifest, job.key);
-  job.url = origin + job.request.destination.pathAndQuery;
-  spawnOperation(executor_, runFetch(std::move(job)), operation,
-                 "fetch " + origin + " by " + caller.name);
+  auto tool = std::make_shared<FetchCaller>();
+  tool->name = caller.name;
+  tool->revision = caller.revision;
+  if (const auto* capabilities = caller.manifest.if_contains("capabilities");
+      capabilities != nullptr && capabilities->is_object()) {
+    if (const auto* fetch = capabilities->get_object().if_contains("fetch")) {
+      tool->manifest["capabilities"] = json::object{{"fetch", *fetch}};
+    }
+  }
+  auto job = prepareFetch(services_.mediation, std::move(tool), std::move(input), operation);
+  if (!job) return operation->complete(std::move(job.error()));
+  job->redirect = mode;
+  const std::string what = "fetch " + job->key.target + " by " + caller.name;
+  spawnOperation(executor_, runFetch(std::move(*job)), operation, what);
 }
 
 void DaemonCapabilityHost::startPopup(const registry::ToolRevision& caller,

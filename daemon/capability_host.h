@@ -75,11 +75,13 @@ class DaemonCapabilityHost final : public runtime::CapabilityHost {
       const registry::ToolRevision& caller, const boost::json::value& drafts,
       const boost::json::object& invocation) override;
 
-  // "fetch": request {url, method, headers: [[name, value]...], bodyBase64?}; answers {status,
-  //   statusText, url, headers: [[lowercase name, value]...], bodyBase64}. Checks 1-4 and the
-  //   header and body checks here, then authorization (fetch, origin, access class of the
-  //   method), then the request through the HttpClient. The tool's wall clock pauses while a
-  //   prompt is likely to be shown (see mayPrompt()).
+  // "fetch": request {url, method, headers: [[name, value]...], bodyBase64?, redirect?:
+  //   "follow" | "manual" (default) | "error"}; answers {status, statusText, url, redirected,
+  //   headers: [[lowercase name, value]...], bodyBase64}. Checks 1-4 and the header and body
+  //   checks here, then authorization (fetch, origin, access class of the method), then the
+  //   request through the HttpClient; each request a followed redirect leads to goes through
+  //   all of it again. The tool's wall clock pauses while a prompt is likely to be shown (see
+  //   mayPrompt()).
   // "popup": request {kind: "custom-html", html} or {kind: "origin", url}; answers what the popup
   //   host returned. Authorization (popup, "custom-html" or the url's exact origin, read), then
   //   popup.open to a popup host. The wall clock pauses for the whole popup: a person is asked.

@@ -311,6 +311,7 @@ constexpr const char* kPrelude = R"JS((function (natives) {
     #body;  // an ArrayBuffer until a body method takes it; null for none
     #bodyUsed = false;
     #type = 'basic';
+    #redirected = false;
     constructor(body = null, init = undefined) {
       if (body === kHost) {
         // From the host: (kHost, status, statusText, url, headers, body).
@@ -320,6 +321,7 @@ constexpr const char* kPrelude = R"JS((function (natives) {
         this.#url = made[3];
         this.#headers = new Headers(kHost, made[4]);
         this.#body = made[5];
+        this.#redirected = made[6];
         return;
       }
       // Response.json's body: JSON unless the caller gave a Content-Type.
@@ -382,7 +384,7 @@ constexpr const char* kPrelude = R"JS((function (natives) {
     }
     get type() { return this.#type; }
     get url() { return this.#url; }
-    get redirected() { return false; }
+    get redirected() { return this.#redirected; }
     get status() { return this.#status; }
     get ok() { return this.#status >= 200 && this.#status <= 299; }
     get statusText() { return this.#statusText; }
@@ -408,8 +410,8 @@ constexpr const char* kPrelude = R"JS((function (natives) {
     ObjectFreeze(frozen[i].prototype);
     ObjectFreeze(frozen[i]);
   }
-  const make = (status, statusText, url, headers, body) =>
-      new Response(kHost, status, statusText, url, headers, body);
+  const make = (status, statusText, url, headers, body, redirected) =>
+      new Response(kHost, status, statusText, url, headers, body, redirected);
   // "make" for the runtime; the classes for the global object.
   const bindings = {__proto__: null, make, Headers, Response};
   return (name) => bindings[name];
@@ -927,6 +929,9 @@ std::optional<json::object> fetchRequest(v8::Local<v8::Context> context, v8::Loc
   }
 
   std::string method = "GET";
+  // What follows a redirect: nothing unless the tool asks (ARCHITECTURE.md: no automatic
+  // redirects; the daemon then returns the 3xx, as "manual" does).
+  std::optional<std::string> redirect;
   HeaderList headers(context);
   std::optional<std::string> body;
   if (!init->IsNullOrUndefined()) {
@@ -948,6 +953,17 @@ std::optional<json::object> fetchRequest(v8::Local<v8::Context> context, v8::Loc
     } else if (!value->IsUndefined()) {
       throwInvalidArgument(context, "fetch: init.method must be a string");
       return std::nullopt;
+    }
+    if (!options->Get(context, v8String(isolate, "redirect")).ToLocal(&value)) return std::nullopt;
+    if (!value->IsUndefined()) {
+      std::optional<std::string> mode;
+      if (value->IsString()) mode = toUtf8Within(isolate, value.As<v8::String>(), 16);
+      if (mode != "follow" && mode != "manual" && mode != "error") {
+        throwInvalidArgument(context,
+                             "fetch: init.redirect must be \"follow\", \"manual\" or \"error\"");
+        return std::nullopt;
+      }
+      redirect = std::move(*mode);
     }
     if (!options->Get(context, v8String(isolate, "headers")).ToLocal(&value) ||
         !readHeaders(context, value, headers)) {
@@ -972,6 +988,7 @@ std::optional<json::object> fetchRequest(v8::Local<v8::Context> context, v8::Loc
   request["url"] = url;
   request["method"] = method;
   request["headers"] = headers.take();
+  if (redirect) request["redirect"] = *redirect;
   if (body) request["bodyBase64"] = base64Encode(*body);
   return request;
 }
@@ -997,6 +1014,8 @@ boost::system::result<v8::Local<v8::Value>, HostOpFailure> fetchResponse(
   const json::value* url = object->if_contains("url");
   const json::value* headers = object->if_contains("headers");
   const json::value* bodyBase64 = object->if_contains("bodyBase64");
+  const json::value* redirected = object->if_contains("redirected");
+  if (redirected != nullptr && !redirected->is_bool()) return malformed("redirected is no boolean");
   if (statusText == nullptr || !statusText->is_string()) return malformed("no statusText string");
   if (url == nullptr || !url->is_string()) return malformed("no url string");
   if (headers == nullptr || !headers->is_array()) return malformed("no headers array");
@@ -1053,12 +1072,16 @@ boost::system::result<v8::Local<v8::Value>, HostOpFailure> fetchResponse(
       !tryString(isolate, url->get_string()).ToLocal(&urlString)) {
     return malformed("statusText or url does not fit in a string");
   }
-  v8::Local<v8::Value> argv[] = {v8::Integer::New(isolate, static_cast<std::int32_t>(statusCode)),
-                                 statusTextString, urlString,
-                                 v8::Array::New(isolate, entries.data(), entries.size()), body};
+  v8::Local<v8::Value> argv[] = {
+      v8::Integer::New(isolate, static_cast<std::int32_t>(statusCode)),
+      statusTextString,
+      urlString,
+      v8::Array::New(isolate, entries.data(), entries.size()),
+      body,
+      v8::Boolean::New(isolate, redirected != nullptr && redirected->get_bool())};
   v8::TryCatch tryCatch(isolate);
   v8::Local<v8::Value> response;
-  if (!makeResponse->Call(context, v8::Undefined(isolate), 5, argv).ToLocal(&response)) {
+  if (!makeResponse->Call(context, v8::Undefined(isolate), 6, argv).ToLocal(&response)) {
     return HostOpFailure{"failed", "the Response could not be made"};
   }
   return scope.Escape(response);

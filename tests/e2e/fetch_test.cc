@@ -9,7 +9,9 @@
 #include <boost/json/parse.hpp>
 #include <catch2/catch.hpp>
 
+#include <cctype>
 #include <chrono>
+#include <memory>
 #include <string>
 #include <thread>
 
@@ -26,10 +28,12 @@ constexpr std::string_view kReader = R"js(
 export default async (args, ctx) => {
   const init = { method: args.method ?? 'GET' };
   if (args.headers) init.headers = args.headers;
+  if (args.redirect) init.redirect = args.redirect;
   if (args.body !== undefined) init.body = args.body;
   try {
     const r = args.viaCtx ? await ctx.fetch(args.url, init) : await fetch(args.url, init);
     return { status: r.status, statusText: r.statusText, url: r.url, ok: r.ok,
+             redirected: r.redirected,
              location: r.headers.get('location'), type: r.headers.get('content-type'),
              text: await r.text() };
   } catch (e) {
@@ -258,8 +262,12 @@ TEST_CASE("fetch: oversized bodies, redirects returned, header injection refused
   CHECK(s.fetch("reader", json::object{{"url", s.server.url("/big?bytes=1000")}}).at("text") ==
         json::value(std::string(1000, 'x')));
 
+  // No automatic redirects: the 3xx is the answer, unless the tool asks to follow.
   auto redirect = s.fetch("reader", json::object{{"url", s.server.url("/redirect")}});
   CHECK(redirect.at("status") == 302);
+  CHECK(redirect.at("redirected") == false);
+  CHECK(s.fetch("reader", json::object{{"url", s.server.url("/redirect")}, {"redirect", "manual"}})
+            .at("status") == 302);
   CHECK(redirect.at("location") == "/ok");
   CHECK(s.server.requestCount("/ok") == 0);
 
@@ -366,4 +374,97 @@ export default async (args) => {
   CHECK(sent.at("id") == 36);
   CHECK(sent.at("response") == true);
   CHECK(sent.at("sha256") == "2f30a38804991f9282a4d88808b9b825449bfdf392c931d4f0b3817c36c93812");
+}
+
+TEST_CASE(
+    "fetch: redirects a tool asks to follow are followed, each request checked and authorized",
+    "[e2e][fetch]") {
+  auto ca = std::make_shared<const TestCa>();
+  HttpsTestServerOptions serverOptions;
+  serverOptions.ca = ca;
+  HttpsTestServer a(serverOptions);
+  HttpsTestServer b(serverOptions);
+  DaemonOptions options;
+  options.configToml = fetchConfig(a);
+  auto daemon = DaemonProcess::start(options);
+  Peer admin(daemon->socket());
+  json::object capabilities{
+      {"fetch",
+       json::array{json::object{{"origin", a.origin()}, {"access", json::array{"read", "write"}}},
+                   json::object{{"origin", b.origin()}, {"access", json::array{"read"}}}}}};
+  const auto revision = deploy(admin, jsTool("reader", kReader, capabilities));
+  decideAhead(admin, revision, "fetch", a.origin(), "read");
+  decideAhead(admin, revision, "fetch", a.origin(), "write");
+  auto fetch = [&](json::object arguments) {
+    if (!arguments.contains("redirect")) arguments["redirect"] = "follow";
+    auto response =
+        admin.call("tools.call", json::object{{"name", "reader"}, {"arguments", arguments}});
+    INFO(daemon->log());
+    auto result = toolResult(response);
+    REQUIRE(result.is_object());
+    return result.as_object();
+  };
+  auto to = [](std::string_view target, int code = 302) {
+    std::string encoded;
+    for (const char c : target) {
+      if (std::isalnum(static_cast<unsigned char>(c)) || c == '/' || c == '.' || c == '-') {
+        encoded += c;
+      } else {
+        static constexpr char kHex[] = "0123456789ABCDEF";
+        encoded += '%';
+        encoded += kHex[static_cast<unsigned char>(c) >> 4];
+        encoded += kHex[static_cast<unsigned char>(c) & 0xF];
+      }
+    }
+    return "/redirect-to?code=" + std::to_string(code) + "&to=" + encoded;
+  };
+
+  // Followed as browsers follow, and the Response says where it ended.
+  auto followed = fetch(json::object{{"url", a.url("/redirect")}});
+  CHECK(followed.at("status") == 200);
+  CHECK(followed.at("text") == "ok");
+  CHECK(text(followed.at("url")) == a.url("/ok"));
+  CHECK(followed.at("redirected") == true);
+  CHECK(a.requestCount("/ok") == 1);
+  CHECK(codeOf(fetch(json::object{{"url", a.url("/redirect")}, {"redirect", "error"}})) ==
+        "redirect-failed");
+  CHECK(a.requestCount("/ok") == 1);
+  auto looped = fetch(json::object{{"url", a.url("/redirect-loop")}});
+  CHECK(codeOf(looped) == "redirect-failed");
+  CHECK_THAT(text(looped.at("message")), Catch::Contains("More than 20 redirects"));
+  CHECK(a.requestCount("/redirect-loop") == 21);
+  auto bad = fetch(json::object{{"url", a.url("/redirect")}, {"redirect", "sideways"}});
+  CHECK(codeOf(bad) == "invalid-argument");
+
+  // 303 turns a POST into a GET without its body; 307 keeps both.
+  auto seeOther =
+      fetch(json::object{{"url", a.url(to("/echo", 303))}, {"method", "POST"}, {"body", "data"}});
+  auto echoed = json::parse(text(seeOther.at("text"))).as_object();
+  CHECK(echoed.at("method") == "GET");
+  CHECK(echoed.at("body") == "");
+  auto temporary =
+      fetch(json::object{{"url", a.url(to("/echo", 307))}, {"method", "POST"}, {"body", "data"}});
+  echoed = json::parse(text(temporary.at("text"))).as_object();
+  CHECK(echoed.at("method") == "POST");
+  CHECK(echoed.at("body") == "data");
+
+  // Another origin is authorized on its own: no decision for it yet, so nothing reaches it.
+  const json::object crossing{
+      {"url", a.url(to(b.url("/echo")))},
+      {"headers", json::parse(R"([["Authorization","Bearer t"],["X-Keep","1"]])")}};
+  auto refused = fetch(crossing);
+  CHECK(codeOf(refused) == "not-authorized");
+  CHECK_THAT(text(refused.at("message")), Catch::Contains("redirect"));
+  CHECK(b.totalRequests() == 0);
+  decideAhead(admin, revision, "fetch", b.origin(), "read");
+  auto crossed = fetch(crossing);
+  CHECK(crossed.at("status") == 200);
+  CHECK(text(crossed.at("url")) == b.url("/echo"));
+  const std::string sent = text(crossed.at("text"));
+  CHECK(sent.find("X-Keep") != std::string::npos);
+  CHECK(sent.find("Bearer t") == std::string::npos);  // Authorization stays with its origin
+  // A redirect to plain http is refused as a tool's own request would be.
+  auto insecure = fetch(json::object{{"url", a.url(to("http://127.0.0.1:1/x"))}});
+  CHECK(codeOf(insecure) == "scheme-not-allowed");
+  CHECK_THAT(text(insecure.at("message")), Catch::Contains("followed a redirect"));
 }

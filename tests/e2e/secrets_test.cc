@@ -42,9 +42,10 @@ export default async (args, ctx) => {
     const init = { method: args.method ?? 'GET', headers: {} };
     if (args.header !== false) init.headers['Authorization'] = 'Bearer ' + key;
     if (args.body !== undefined) init.body = args.body.replaceAll('{key}', key);
+    if (args.redirect) init.redirect = args.redirect;
     const r = await fetch(args.url.replaceAll('{key}', key), init);
     return { status: r.status, statusText: r.statusText, text: await r.text(), headers: [...r.headers],
-             placeholder: key };
+             url: r.url, placeholder: key };
   } catch (e) {
     if (args.mode === 'throw') throw e;
     return { code: e.code ?? null, message: String(e.message), placeholder: key ?? null };
@@ -690,4 +691,34 @@ TEST_CASE("secrets: toolhostctl secrets set reads the value from stdin, never ar
   CHECK(deleted.status == 0);
   CHECK(json::parse(deleted.out).at("deleted") == true);
   checkNoValueAnywhere(s);
+}
+
+TEST_CASE("secrets: a redirect carries no secret to another origin, nor back to the tool",
+          "[e2e][secrets]") {
+  Setup s;
+  s.deployUser("user");
+  s.setSecret(json::object{{"tool", "user"}});
+  // The granted server sends the value on in the Location it answers with.
+  std::string to;
+  for (const char c : s.other.url("/echo")) {
+    if (std::isalnum(static_cast<unsigned char>(c))) {
+      to += c;
+    } else {
+      static constexpr char kHex[] = "0123456789ABCDEF";
+      to += '%';
+      to += kHex[static_cast<unsigned char>(c) >> 4];
+      to += kHex[static_cast<unsigned char>(c) & 0xF];
+    }
+  }
+  auto followed = s.run("user", json::object{{"url", s.granted.url("/redirect-auth?to=" + to)},
+                                             {"redirect", "follow"}});
+  INFO(json::serialize(followed));
+  REQUIRE(followed.contains("status"));
+  CHECK(followed.at("status") == 200);
+  CHECK(s.other.requestCount("/echo") == 1);
+  // The Authorization header (holding the placeholder) stayed with the granted origin, and the
+  // value the server put in the URL is redacted wherever the tool could read it.
+  CHECK(json::serialize(followed).find(std::string(kValue)) == std::string::npos);
+  CHECK_THAT(text(followed.at("url")), Catch::Contains("[redacted]"));
+  CHECK(text(followed.at("text")).find("toolhost-secret:") == std::string::npos);
 }

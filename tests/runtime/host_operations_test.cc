@@ -282,6 +282,7 @@ TEST_CASE("fetch hands the host exactly the request shape", "[ops][fetch]") {
         await send('https://a.example/x', {body: 'x'}),
         await send('https://a.example/x', {method: 'head', body: new Uint8Array(1)}),
         await send('https://a.example/x', {method: 42}),
+        await send('https://a.example/x', {redirect: 'follow-me'}),
         await send('https://a.example/x', {get headers() { throw new RangeError('from a getter'); }}),
       ];
     })");
@@ -289,7 +290,7 @@ TEST_CASE("fetch hands the host exactly the request shape", "[ops][fetch]") {
   INFO(describe(outcome));
   REQUIRE(outcome.result);
   const auto& r = outcome.result->as_array();
-  REQUIRE(r.size() == 18);
+  REQUIRE(r.size() == 19);
   for (std::size_t i = 0; i < 8; ++i) CHECK(r[i] == 200);
   const char* refusals[] = {
       "TypeError invalid-argument: fetch(input, init): input must be a URL string or an object "
@@ -305,6 +306,8 @@ TEST_CASE("fetch hands the host exactly the request shape", "[ops][fetch]") {
       "TypeError invalid-argument: fetch: a GET request cannot have a body",
       "TypeError invalid-argument: fetch: a head request cannot have a body",
       "TypeError invalid-argument: fetch: init.method must be a string",
+      "TypeError invalid-argument: fetch: init.redirect must be \"follow\", \"manual\" or "
+      "\"error\"",
       "RangeError undefined: from a getter",
   };
   for (std::size_t i = 0; i < std::size(refusals); ++i) {
@@ -319,7 +322,7 @@ TEST_CASE("fetch hands the host exactly the request shape", "[ops][fetch]") {
           R"(fetch {"url":"https://a.example/3","method":"put","headers":[["X-A","1"],["x-a","2"]],"bodyBase64":"AAEC/f7/"})",
           R"(fetch {"url":"https://a.example/4","method":"POST","headers":[["X-M","m"]],"bodyBase64":"AAEC/f7/"})",
           R"(fetch {"url":"https://a.example/5","method":"PATCH","headers":[["X-E","e"]],"bodyBase64":"AQL9"})",
-          R"(fetch {"url":"https://a.example/6","method":"DELETE","headers":[]})",
+          R"(fetch {"url":"https://a.example/6","method":"DELETE","headers":[],"redirect":"follow"})",
           R"(fetch {"url":"https://a.example/7","method":"POST","headers":[],"bodyBase64":"/f7/"})",
           R"(fetch {"url":"https://a.example/8","method":"POST","headers":[["content-type","text/plain;charset=UTF-8"]],"bodyBase64":""})",
       });

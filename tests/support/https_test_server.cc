@@ -61,6 +61,20 @@ std::optional<std::string> queryParameter(std::string_view query, std::string_vi
   return std::nullopt;
 }
 
+// %XX sequences as the bytes they stand for (the tests write them well-formed).
+std::string percentDecoded(std::string_view text) {
+  std::string out;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    if (text[i] == '%' && i + 2 < text.size()) {
+      out += static_cast<char>(std::stoi(std::string(text.substr(i + 1, 2)), nullptr, 16));
+      i += 2;
+    } else {
+      out += text[i];
+    }
+  }
+  return out;
+}
+
 std::size_t numberParameter(std::string_view query, std::string_view key, std::size_t fallback) {
   const auto text = queryParameter(query, key);
   if (!text) return fallback;
@@ -270,6 +284,30 @@ asio::awaitable<After> HttpsTestServer::Impl::respond(Stream& stream, Request& r
   if (path == "/redirect") {
     Response response = textResponse(http::status::found, "see /ok");
     response.set(http::field::location, "/ok");
+    co_return co_await send(stream, head, keepAlive, std::move(response));
+  }
+  if (path == "/redirect-auth") {
+    // A 302 to `to` (percent-decoded) with the last word of the Authorization header as its
+    // token query parameter: a server that sends a credential on.
+    const std::string authorization(request[http::field::authorization]);
+    std::string location = percentDecoded(queryParameter(query, "to").value_or(""));
+    location += "?token=" + authorization.substr(authorization.rfind(' ') + 1);
+    Response response = textResponse(http::status::found, "see elsewhere");
+    response.set(http::field::location, location);
+    co_return co_await send(stream, head, keepAlive, std::move(response));
+  }
+  if (path == "/redirect-loop") {
+    Response response = textResponse(http::status::found, "again");
+    response.set(http::field::location, "/redirect-loop");
+    co_return co_await send(stream, head, keepAlive, std::move(response));
+  }
+  if (path == "/redirect-to") {
+    // A redirect with status `code` (default 302) to `to`, percent-decoded (absent: none).
+    const auto code = static_cast<unsigned>(numberParameter(query, "code", 302));
+    Response response = textResponse(static_cast<http::status>(code), "redirect");
+    if (auto to = queryParameter(query, "to")) {
+      response.set(http::field::location, percentDecoded(*to));
+    }
     co_return co_await send(stream, head, keepAlive, std::move(response));
   }
   if (path == "/big") {

@@ -158,6 +158,10 @@ std::optional<std::string> checkKeywords(const boost::json::value& document) {
 
 using PatternTable = std::map<std::string, Pattern, std::less<>>;
 
+// The programs of one schema's patterns, summed (12 bytes an instruction): a 7-byte `a{9999}`
+// is 10,000 of them, so without a bound a schema's patterns could hold gigabytes.
+constexpr std::size_t kMaxSchemaPatternInstructions = 50'000;
+
 // Every "pattern" where a schema stands, compiled (a source written twice is compiled once), or
 // the first that does not compile, with its place. `instructions` sums the programs' sizes.
 std::optional<std::string> compilePatterns(const boost::json::value& document, PatternTable& table,
@@ -179,6 +183,12 @@ std::optional<std::string> compilePatterns(const boost::json::value& document, P
       return;
     }
     instructions += compiled->instructions();
+    if (instructions > kMaxSchemaPatternInstructions) {
+      refusal = pointerText(where) + "/pattern: the schema's patterns come to more than " +
+                std::to_string(kMaxSchemaPatternInstructions) +
+                " instructions of the matcher (each is held in memory while the schema is)";
+      return;
+    }
     table.emplace(std::string(text), std::move(*compiled));
   });
   return refusal;
@@ -808,20 +818,19 @@ boost::system::result<JsonSchema, SchemaError> JsonSchema::compile(const boost::
 
 std::size_t JsonSchema::checkCost(const boost::json::object& instance) const {
   std::size_t values = 1;
-  std::size_t stringBytes = 0;
   auto walk = [&](const auto& self, const boost::json::value& node) -> void {
     ++values;
     if (const auto* object = node.if_object()) {
       for (const auto& member : *object) self(self, member.value());
     } else if (const auto* array = node.if_array()) {
       for (const auto& item : *array) self(self, item);
-    } else if (const auto* text = node.if_string()) {
-      stringBytes += text->size();
     }
   };
   for (const auto& member : instance) walk(walk, member.value());
-  const std::size_t matching = patternInstructions_ == 0 ? 0 : stringBytes * patternInstructions_;
-  return values * expandedValues_ + std::min<std::size_t>(matching, kMaxPatternSteps);
+  // With patterns, any instance may cost the whole pattern budget (twice, with the diagnostic
+  // pass): a short string or a property name, a pattern used through many references.
+  const std::size_t matching = patternInstructions_ == 0 ? 0 : 2 * kMaxPatternSteps;
+  return values * expandedValues_ + matching;
 }
 
 std::optional<SchemaViolation> JsonSchema::patternsTooCostly() {

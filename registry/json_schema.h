@@ -57,8 +57,8 @@ class JsonSchema {
   static constexpr std::uint64_t kMaxPatternSteps = 20'000'000;
 
   // An estimate of the work of validating `instance`, in the unit of maxPairs: its values times
-  // the schema's, plus its strings' bytes times the size of the schema's patterns (capped at
-  // kMaxPatternSteps). Any thread.
+  // the schema's, plus twice kMaxPatternSteps when the schema has patterns (any instance may
+  // spend the budget of both passes). Any thread.
   std::size_t checkCost(const boost::json::object& instance) const;
 
   // The first violation, if any; past `maxPairs` (instance values times the schema's values,

@@ -635,6 +635,21 @@ TEST_CASE("pattern is matched in linear time, wherever a schema stands", "[regis
   CHECK(violation->path.empty());
   CHECK_THAT(violation->reason, Catch::Contains("too costly to check"));
   CHECK(costly->checkCost(json::object{{"xs", many}}) > 1'000'000);
+  // Any instance may spend the budget (a property name, an empty string against a long program,
+  // a pattern used through many references): never checked inline on an I/O thread.
+  CHECK(costly->checkCost(json::object{}) >= 2 * JsonSchema::kMaxPatternSteps);
+
+  // A 7-byte pattern can be 10,000 instructions: a schema's patterns are bounded together.
+  json::array heavy;
+  for (const char c : std::string("abcdef")) {
+    heavy.push_back(json::object{{"pattern", std::string(1, c) + "{9998}"}});
+  }
+  auto tooHeavy = compileToolSchema(
+      json::object{{"type", "object"},
+                   {"properties", json::object{{"s", json::object{{"allOf", heavy}}}}}},
+      "parameters");
+  REQUIRE_FALSE(tooHeavy.has_value());
+  CHECK_THAT(tooHeavy.error().detail, Catch::Contains("instructions of the matcher"));
 
   // What valijson would read as its own keyword is not ours to write.
   auto smuggled = compileToolSchema(

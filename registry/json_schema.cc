@@ -220,6 +220,52 @@ constexpr std::string_view kPropertyFailed =
     "Failed to validate against schema associated with property name '";
 constexpr std::string_view kPatternUnchecked = "Not matched: toolhost pattern budget spent.";
 
+// A combinator's failure in our words. Whatever failed inside it and said so at a deeper place
+// ranks above it; at its own place it ranks above its branches' failures, which each tell only
+// part of the story.
+std::optional<std::string_view> combinatorWords(const std::string& description) {
+  static constexpr std::pair<std::string_view, std::string_view> kCombinators[] = {
+      {"Failed to validate against any schemas allowed by anyOf constraint.",
+       "matches none of the schemas its \"anyOf\" allows"},
+      {"Failed to validate against any child schemas allowed by oneOf constraint.",
+       "matches none of the schemas its \"oneOf\" allows"},
+      {"Failed to validate against exactly one child schema.",
+       "matches more than one of the schemas its \"oneOf\" allows"},
+      {"Failed to validate against a conditional schema set by if-then-else constraints.",
+       "does not match the schema its \"if\" selects (\"then\" or \"else\")"},
+      {"Failed to any values against subschema in 'contains' constraint.",
+       "holds no item that its \"contains\" schema allows"},
+      {"Failed to validate against additional properties schema",
+       "has a property that its \"additionalProperties\" schema does not allow"},
+      {"Failed to validate against dependent schema.",
+       "does not match a schema its \"dependencies\" require"}};
+  for (const auto& [words, ours] : kCombinators) {
+    if (description == words) return ours;
+  }
+  return std::nullopt;
+}
+
+// The member whose subschema failed, when valijson says so in words at the parent's place (a
+// property by name, an item by index): the error then belongs at the member's place.
+std::optional<std::string> failedChild(const std::string& description) {
+  auto between = [&](std::string_view prefix,
+                     std::string_view suffix) -> std::optional<std::string> {
+    if (description.size() < prefix.size() + suffix.size() || !description.starts_with(prefix) ||
+        !description.ends_with(suffix)) {
+      return std::nullopt;
+    }
+    return description.substr(prefix.size(), description.size() - prefix.size() - suffix.size());
+  };
+  if (auto name = between(kPropertyFailed, "'.")) return name;
+  for (std::string_view suffix : {" in array.", " against additional items schema."}) {
+    auto index = between("Failed to validate item #", suffix);
+    if (index && !index->empty() && index->find_first_not_of("0123456789") == std::string::npos) {
+      return index;
+    }
+  }
+  return std::nullopt;
+}
+
 // kPatternKeyword as valijson evaluates it. A string that would take the pattern matcher past
 // the validation's budget fails, and marks the budget spent: validate() then answers that the
 // strings took too long to check, whatever valijson concluded (under "not" a failure passes).
@@ -699,6 +745,7 @@ std::string explained(const boost::json::value& document, const boost::json::val
     }
     return "does not match its schema";
   }
+  if (auto words = combinatorWords(description)) return std::string(*words);
   if (description == kPatternFailed) {
     const auto* pattern = node != nullptr ? node->if_contains("pattern") : nullptr;
     if (pattern == nullptr || !pattern->is_string()) {
@@ -877,10 +924,11 @@ std::optional<SchemaViolation> JsonSchema::validate(const boost::json::value& gi
   // Then for the message, without uniqueItems (collecting errors, valijson would compare and
   // record every pair of items).
   valijson::ValidationResults results;
+  bool diagnosticValid = false;
   try {
     ScopedPatternBudget budget;
     valijson::Validator validator;
-    validator.validate(*diagnostic_, adapter, &results);
+    diagnosticValid = validator.validate(*diagnostic_, adapter, &results);
     // Collecting errors, valijson goes on past the first failure, and may match more strings.
     if (budget.exhausted()) return patternsTooCostly();
   } catch (const std::exception& error) {
@@ -895,25 +943,27 @@ std::optional<SchemaViolation> JsonSchema::validate(const boost::json::value& gi
     // property's, where it ranks below any error of its own (there is none when what failed
     // pushes no error, as propertyNames).
     std::size_t rank = 2 * error.context.size() + 1;
-    if (error.description.starts_with(kPropertyFailed) && error.description.ends_with("'.")) {
-      error.context.push_back(
-          "[" +
-          error.description.substr(kPropertyFailed.size(),
-                                   error.description.size() - kPropertyFailed.size() - 2) +
-          "]");
+    if (auto child = failedChild(error.description)) {
+      error.context.push_back("[" + *child + "]");
       error.description = kPropertyFailed;
       rank = 2 * error.context.size();
     }
-    if (!best || rank > bestRank) {
+    if (!best || rank > bestRank ||
+        (rank == bestRank && combinatorWords(error.description).has_value())) {
       best = SchemaViolation{
           toPointer(error.context),
           explained(*document_, instance, contextTokens(error.context), error.description)};
       bestRank = rank;
     }
   }
-  if (!best)
-    best = SchemaViolation{"", "an array whose items must be unique (uniqueItems) holds one twice"};
-  return best;
+  if (best) return best;
+  // Only uniqueItems is left out of the diagnostic schema.
+  if (diagnosticValid) {
+    return SchemaViolation{"", "an array whose items must be unique (uniqueItems) holds one twice"};
+  }
+  // What failed recorded no error of its own (valijson checks property names without
+  // recording), and nothing above it did: the root.
+  return SchemaViolation{"", explained(*document_, instance, {}, std::string(kPropertyFailed))};
 }
 
 }  // namespace toolhost::registry

@@ -816,6 +816,51 @@ TEST_CASE("an over-long array against uniqueItems fails at maxItems without comp
   CHECK_FALSE(schema->validate(json::parse(R"({"tags":["a","b"]})")));
 }
 
+TEST_CASE("a failure that records no error of its own is named in our words at its place",
+          "[registry]") {
+  // valijson checks property names without recording why, and says what its combinators and
+  // containers found in words of its own at the parent's place.
+  auto schema = compileToolSchema(json::parse(R"({
+    "type": "object",
+    "propertyNames": {"pattern": "^[a-z]+$"},
+    "properties": {
+      "list": {"type": "array", "items": {"type": "object", "propertyNames": {"maxLength": 2}}},
+      "extra": {"type": "object", "additionalProperties": {"type": "object",
+                                                          "propertyNames": {"pattern": "^x"}}},
+      "either": {"anyOf": [{"type": "integer"}, {"type": "string", "pattern": "^x+$"}]},
+      "one": {"oneOf": [{"type": "integer"}, {"minimum": 0}]},
+      "has": {"type": "array", "contains": {"const": 1}}
+    }
+  })"),
+                                  "parameters");
+  REQUIRE(schema.has_value());
+  auto failure = [&](const char* arguments) {
+    INFO(arguments);
+    auto violation = schema->validate(json::parse(arguments));
+    REQUIRE(violation);
+    return *violation;
+  };
+  SchemaViolation root = failure(R"({"Upper":1})");
+  CHECK(root.path.empty());
+  CHECK(root.reason == "has a property name that its \"propertyNames\" schema does not allow");
+  SchemaViolation item = failure(R"({"list":[{"ab":1},{"abc":1}]})");
+  CHECK(item.path == "/list/1");
+  CHECK_THAT(item.reason, Catch::Contains("\"propertyNames\""));
+  SchemaViolation extra = failure(R"({"extra":{"k":{"xa":1,"b":2}}})");
+  CHECK(extra.path == "/extra");
+  CHECK(extra.reason == "has a property that its \"additionalProperties\" schema does not allow");
+  CHECK(failure(R"({"either":"xy"})").reason == "matches none of the schemas its \"anyOf\" allows");
+  CHECK(failure(R"({"one":3})").reason ==
+        "matches more than one of the schemas its \"oneOf\" allows");
+  CHECK(failure(R"({"one":-0.5})").reason == "matches none of the schemas its \"oneOf\" allows");
+  CHECK(failure(R"({"has":[2,3]})").reason == "holds no item that its \"contains\" schema allows");
+  for (const char* fine : {R"({"list":[{"ab":1}],"extra":{"k":{"xa":1}},"one":-1,"has":[2,1]})",
+                           R"({"either":"xx"})"}) {
+    INFO(fine);
+    CHECK_FALSE(schema->validate(json::parse(fine)).has_value());
+  }
+}
+
 TEST_CASE("multipleOf must be a number above zero and is exact for fractions", "[registry]") {
   // valijson divides integers by an integer divisor: 0 (or "0", read as a number) and -1 with
   // the smallest integer stopped the process with SIGFPE at the first validation.

@@ -46,20 +46,20 @@ std::string actionWords(const policy::DecisionKey& key) {
 
 // Why a request was not authorized, in words a tool author can act on.
 HostOpFailure notAuthorized(const policy::Decision& decision, const policy::DecisionKey& key,
-                            const std::string& toolName) {
+                            const std::string& toolName, bool agentDefined) {
   using policy::DecisionSource;
   switch (decision.source) {
     case DecisionSource::notRequested:
       if (key.action == policy::kActionPopup) {
-        return {"not-authorized", "the manifest of " + toolName + " does not request the popup " +
-                                      key.target + ": add \"" + key.target +
-                                      "\" to capabilities.popup and install the new revision"};
+        return {"not-authorized",
+                registry::notRequestedWords(toolName, agentDefined, "the popup " + key.target,
+                                            "add \"" + key.target + "\" to capabilities.popup")};
       }
-      return {"not-authorized", "the manifest of " + toolName + " does not request " +
-                                    actionWords(key) + ": add {\"origin\": \"" + key.target +
-                                    "\", \"access\": [\"" +
-                                    std::string(policy::accessClassName(key.access)) +
-                                    "\"]} to capabilities.fetch and install the new revision"};
+      return {"not-authorized", registry::notRequestedWords(
+                                    toolName, agentDefined, actionWords(key),
+                                    "add {\"origin\": \"" + key.target + "\", \"access\": [\"" +
+                                        std::string(policy::accessClassName(key.access)) +
+                                        "\"]} to capabilities.fetch")};
     case DecisionSource::noApprover:
       return {"not-authorized", actionWords(key) +
                                     " needs approval and no approver is connected; ask the user "
@@ -154,6 +154,7 @@ HostOpFailure malformed(std::string_view what) {
 struct FetchCaller {
   std::string name;
   std::string revision;
+  bool agentDefined = false;
   json::object manifest;  // only its capabilities.fetch: what manifestRequests() reads
 };
 
@@ -398,7 +399,7 @@ asio::awaitable<void> runFetch(FetchJob first) {
       co_return;
     }
     if (!decision.allowed()) {
-      auto refusal = notAuthorized(decision, job.key, job.caller->name);
+      auto refusal = notAuthorized(decision, job.key, job.caller->name, job.caller->agentDefined);
       if (job.redirects > 0) refusal.message += " (the request followed a redirect)";
       operation.complete(std::move(refusal));
       co_return;
@@ -517,6 +518,7 @@ struct PopupJob {
   MediationServices services;
   PopupHosts* popups = nullptr;
   std::string toolName;
+  bool agentDefined = false;
   policy::DecisionKey key;
   bool requested = false;
   json::object params;  // of popup.open, without the popupId
@@ -559,7 +561,7 @@ asio::awaitable<void> runPopup(PopupJob job) {
   }
   if (!decision.allowed()) {
     operation.resumeWallClock();
-    operation.complete(notAuthorized(decision, job.key, job.toolName));
+    operation.complete(notAuthorized(decision, job.key, job.toolName, job.agentDefined));
     co_return;
   }
   RequestRecord record{job.key, job.toolName, decision.scope, "", "", {}, {}, {}};
@@ -751,6 +753,7 @@ void DaemonCapabilityHost::startFetch(const registry::ToolRevision& caller,
   auto tool = std::make_shared<FetchCaller>();
   tool->name = caller.name;
   tool->revision = caller.revision;
+  tool->agentDefined = caller.agentDefined;
   if (const auto* capabilities = caller.manifest.if_contains("capabilities");
       capabilities != nullptr && capabilities->is_object()) {
     if (const auto* fetch = capabilities->get_object().if_contains("fetch")) {
@@ -820,6 +823,7 @@ void DaemonCapabilityHost::startPopup(const registry::ToolRevision& caller,
   PopupJob job{mediation,
                &services_.popups,
                caller.name,
+               caller.agentDefined,
                policy::DecisionKey{caller.revision, std::string(policy::kActionPopup), target,
                                    policy::AccessClass::read},
                false,

@@ -175,10 +175,9 @@ runtime::HostOpResult SecretsHost::placeholder(const registry::ToolRevision& cal
   if (!policy::isValidSecretName(name) || !requests(caller.manifest, name)) {
     const std::string shown = name.substr(0, 64);
     auditDenial(caller, shown, "not-authorized");
-    return HostOpFailure{"not-authorized",
-                         "the manifest of " + caller.name + " does not request the secret " +
-                             shown + ": add \"" + shown +
-                             "\" to capabilities.secrets and install the new revision"};
+    return HostOpFailure{"not-authorized", registry::notRequestedWords(
+                                               caller, "the secret " + shown,
+                                               "add \"" + shown + "\" to capabilities.secrets")};
   }
   auto resolved = resolve(caller.name, caller.revision, name);
   if (!resolved) return unavailable(resolved.error(), name);

@@ -84,10 +84,11 @@ bool StorageHost::requested(const json::object& manifest) {
 void StorageHost::start(const registry::ToolRevision& caller, const json::value& request,
                         std::shared_ptr<HostOperation> operation) {
   if (!requested(caller.manifest)) {
-    return operation->complete(HostOpFailure{
-        "not-authorized", "ctx.storage is not authorized: the manifest of " + caller.name +
-                              " does not request it; add \"storage\": true to its capabilities "
-                              "and install the new revision"});
+    return operation->complete(
+        HostOpFailure{"not-authorized",
+                      "ctx.storage is not authorized: " +
+                          registry::notRequestedWords(
+                              caller, "ctx.storage", "add \"storage\": true to its capabilities")});
   }
   const json::object* fields = request.if_object();
   if (fields == nullptr) return operation->complete(malformed("not an object"));

@@ -90,6 +90,20 @@ std::string_view executionClassName(ExecutionClass executionClass) {
   return "unknown";
 }
 
+std::string notRequestedWords(std::string_view toolName, bool agentDefined, std::string_view what,
+                              std::string_view addition) {
+  if (agentDefined) {
+    return std::string(toolName) +
+           " is code an agent defined in a task lineage, which runs without " +
+           "capabilities, so it may not have " + std::string(what) +
+           "; to give it that, install its code as a tool with tools.install, and in that "
+           "manifest: " +
+           std::string(addition);
+  }
+  return "the manifest of " + std::string(toolName) + " does not request " + std::string(what) +
+         ": " + std::string(addition) + " and install the new revision";
+}
+
 bool isValidToolName(std::string_view name) {
   if (name.empty() || name.size() > kMaxToolNameLength) return false;
   if (name.front() < 'a' || name.front() > 'z') return false;

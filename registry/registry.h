@@ -44,8 +44,21 @@ struct ToolRevision {
   JsonSchema parameters;          // compiled `parameters`
   std::optional<JsonSchema> settingsSchema;  // compiled `settings`, if the manifest has one
   std::string installedAt;        // RFC 3339
+  // Code an agent defined in a task lineage (a tooldefinition; `revision` is its task id): no
+  // admin installed it, and it requests no capability.
+  bool agentDefined = false;
 };
 using ToolRevisionPtr = std::shared_ptr<const ToolRevision>;
+
+// Why `tool` may not have `what` ("fetch https://x.example (read)", "the secret api_key"), and
+// what gives it that: `addition` ("add \"storage\": true to its capabilities") and a new
+// revision for an installed tool; for code an agent defined, that it runs without capabilities.
+std::string notRequestedWords(std::string_view toolName, bool agentDefined, std::string_view what,
+                              std::string_view addition);
+inline std::string notRequestedWords(const ToolRevision& tool, std::string_view what,
+                                     std::string_view addition) {
+  return notRequestedWords(tool.name, tool.agentDefined, what, addition);
+}
 
 struct Binding {
   std::string name;

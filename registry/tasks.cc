@@ -990,6 +990,7 @@ Result<ToolRevisionPtr> TaskStore::codeDefinitionTool(const std::string& definit
                                 {"parameters", definition.at("parameters")},
                                 {"execution", std::move(execution)}};
   tool->executionClass = ExecutionClass::sandboxedCode;
+  tool->agentDefined = true;
   auto parameters = compileToolSchema(definition.at("parameters"),
                                       "the parameters of definition " + definitionId);
   if (!parameters) return parameters.error();

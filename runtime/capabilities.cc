@@ -279,9 +279,9 @@ void onDoor(const DoorArgs& info, v8::Local<v8::Value> epoch) {
   if constexpr (door == Door::resolveInvocation || door == Door::createSubtasksResult) {
     if (!subtasksRequested(sandbox.tool())) {
       reject(context, resolver,
-             std::string(doorName(door)) +
-                 " is not authorized: the tool's manifest does not request it; add \"subtasks\": "
-                 "true to its capabilities and install the new revision",
+             std::string(doorName(door)) + " is not authorized: " +
+                 registry::notRequestedWords(sandbox.tool(), doorName(door),
+                                             "add \"subtasks\": true to its capabilities"),
              "not-authorized");
       return;
     }
@@ -618,9 +618,9 @@ void CapabilityHost::startQuickRequest(const registry::ToolRevision& caller,
                                        std::shared_ptr<HostOperation> operation) {
   if (!subtasksRequested(caller)) {
     operation->complete(HostOpFailure{
-        "not-authorized", kind + " is not authorized: the tool's manifest does not request it; "
-                                 "add \"subtasks\": true to its capabilities and install the new "
-                                 "revision"});
+        "not-authorized", kind + " is not authorized: " +
+                              registry::notRequestedWords(
+                                  caller, kind, "add \"subtasks\": true to its capabilities")});
     return;
   }
   const json::object* fields = request.if_object();

@@ -155,11 +155,13 @@ RuntimeConfig configFromJson(const json::object& json) {
 }
 
 json::object toolToJson(const registry::ToolRevision& tool) {
-  return json::object{{"revision", tool.revision},
-                      {"name", tool.name},
-                      {"manifest", tool.manifest},
-                      {"installedAt", tool.installedAt},
-                      {"executionClass", registry::executionClassName(tool.executionClass)}};
+  json::object out{{"revision", tool.revision},
+                   {"name", tool.name},
+                   {"manifest", tool.manifest},
+                   {"installedAt", tool.installedAt},
+                   {"executionClass", registry::executionClassName(tool.executionClass)}};
+  if (tool.agentDefined) out["agentDefined"] = true;
+  return out;
 }
 
 registry::ToolRevisionPtr toolFromJson(const json::object& json) {
@@ -168,6 +170,10 @@ registry::ToolRevisionPtr toolFromJson(const json::object& json) {
   tool->name = stringField(json, "name");
   tool->manifest = objectField(json, "manifest");
   tool->installedAt = stringField(json, "installedAt");
+  if (const auto* defined = json.if_contains("agentDefined")) {
+    if (!defined->is_bool()) throw ProtocolError("agentDefined is not a boolean");
+    tool->agentDefined = defined->get_bool();
+  }
   const std::string executionClass = stringField(json, "executionClass");
   using registry::ExecutionClass;
   bool known = false;

@@ -964,17 +964,24 @@ TEST_CASE("tasks: a function call pinned to a definition of its lineage runs wha
   auto adder = definition("adder");
   adder["definition"].as_object()["parameters"] =
       json::parse(R"({"type":"object","properties":{"a":{"type":"integer"}},"required":["a"]})");
-  adder["definition"].as_object()["implementation"] =
-      json::object{{"type", "code"},
-                   {"source",
-                    "let calls = 0;\n"
-                    "export default async (args, ctx) => {\n"
-                    "  calls++;\n"
-                    "  let fetched;\n"
-                    "  try { await fetch('https://example.com/'); fetched = 'yes'; }\n"
-                    "  catch (e) { fetched = String(e.message); }\n"
-                    "  return {sum: args.a + 1, calls, fetched};\n"
-                    "}"}};
+  adder["definition"].as_object()["implementation"] = json::object{
+      {"type", "code"},
+      {"source",
+       "let calls = 0;\n"
+       "export default async (args, ctx) => {\n"
+       "  calls++;\n"
+       "  let fetched;\n"
+       "  try { await fetch('https://example.com/'); fetched = 'yes'; }\n"
+       "  catch (e) { fetched = String(e.message); }\n"
+       "  const refusal = async (f) => {\n"
+       "    try { await f(); return 'yes'; } catch (e) { return e.code + ': ' + e.message; }\n"
+       "  };\n"
+       "  const others = [await refusal(() => ctx.storage.get('k')),\n"
+       "                  await refusal(() => ctx.secret('api_key')),\n"
+       "                  await refusal(() => ctx.resolveInvocation('gamma')),\n"
+       "                  await refusal(() => ctx.popup({kind: 'custom-html', html: 'x'}))];\n"
+       "  return {sum: args.a + 1, calls, fetched, others};\n"
+       "}"}};
   auto alias = definition("forecast");
   alias["definition"].as_object()["implementation"] =
       json::object{{"type", "binding"}, {"targetRevision", gamma}};
@@ -998,7 +1005,17 @@ TEST_CASE("tasks: a function call pinned to a definition of its lineage runs wha
     CHECK(byName.at("revision") == json::value(adderDefinition));
     CHECK(byName.at("name") == "adder");
     CHECK(byName.at("usage").at("freshSandbox") == true);
-    CHECK_THAT(str(byName.at("result").at("fetched")), Catch::Contains("does not request fetch"));
+    // Refused in words that fit code no admin installed: no manifest to change.
+    CHECK_THAT(str(byName.at("result").at("fetched")),
+               Catch::Contains("adder is code an agent defined in a task lineage, which runs "
+                               "without capabilities, so it may not have fetch"));
+    CHECK_THAT(str(byName.at("result").at("fetched")), !Catch::Contains("new revision"));
+    for (const auto& refused : byName.at("result").at("others").as_array()) {
+      INFO(refused);
+      CHECK_THAT(str(refused), Catch::StartsWith("not-authorized: "));
+      CHECK_THAT(str(refused), Catch::Contains("which runs without capabilities"));
+      CHECK_THAT(str(refused), !Catch::Contains("new revision"));
+    }
     auto byRevision =
         resultOf(client.call("tools.call", json::object{{"revision", adderDefinition},
                                                         {"arguments", json::object{{"a", 41}}},

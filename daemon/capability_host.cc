@@ -318,7 +318,22 @@ boost::system::result<std::optional<FetchInput>, HostOpFailure> redirectedInput(
     }
   }
   if (location == nullptr) return std::optional<FetchInput>{};
-  const std::string locationText = uriSafe(*location);
+  // As the URL Standard reads it: without its tabs and newlines or its leading and trailing
+  // controls and spaces, and a backslash before the query as a slash (https is a special scheme:
+  // "/\host" is "//host").
+  std::string written;
+  for (const char c : *location) {
+    if (c != '\t' && c != '\n' && c != '\r') written += c;
+  }
+  auto isControlOrSpace = [](char c) { return static_cast<unsigned char>(c) <= 0x20; };
+  while (!written.empty() && isControlOrSpace(written.back())) written.pop_back();
+  const auto start = std::find_if_not(written.begin(), written.end(), isControlOrSpace);
+  written.erase(written.begin(), start);
+  for (char& c : written) {
+    if (c == '?' || c == '#') break;
+    if (c == '\\') c = '/';
+  }
+  const std::string locationText = uriSafe(written);
   const std::string baseText = uriSafe(job.url);
   auto reference = boost::urls::parse_uri_reference(locationText);
   auto base = boost::urls::parse_uri(baseText);
@@ -420,6 +435,7 @@ asio::awaitable<void> runFetch(FetchJob first) {
     if (!secrets) {
       auditRefusal(job.services.audit, job.key.toolRevision, job.caller->name, job.key.action,
                    job.key.target, job.key.access, secrets.error().code);
+      if (job.redirects > 0) secrets.error().message += " (the request followed a redirect)";
       operation.complete(std::move(secrets.error()));
       co_return;
     }
@@ -451,6 +467,7 @@ asio::awaitable<void> runFetch(FetchJob first) {
       record.outcome = std::string(policy::errorCode(result.error().code));
       auditRequest(job.services.audit, record);
       std::string message = result.error().message;
+      if (job.redirects > 0) message += " (the request followed a redirect)";
       redactSecrets(*secrets, message);
       operation.complete(HostOpFailure{record.outcome, std::move(message)});
       co_return;
@@ -460,7 +477,16 @@ asio::awaitable<void> runFetch(FetchJob first) {
     record.bytes = result->body.size();
     auditRequest(job.services.audit, record);
 
-    if (job.redirect != RedirectMode::manual && isRedirect(result->status)) {
+    if (job.redirect == RedirectMode::error && isRedirect(result->status)) {
+      // As the Fetch standard: a redirect status is a network error, with a Location or not.
+      HostOpFailure failure{"redirect-failed", "The response of " + job.url + " is a redirect (" +
+                                                   std::to_string(result->status) +
+                                                   ") and the request said redirect: \"error\"."};
+      redactSecrets(*secrets, failure.message);
+      operation.complete(std::move(failure));
+      co_return;
+    }
+    if (job.redirect == RedirectMode::follow && isRedirect(result->status)) {
       job.request = std::move(*asWritten);
       std::string nextUrl;
       auto next = redirectedInput(job, *result, nextUrl);
@@ -471,11 +497,19 @@ asio::awaitable<void> runFetch(FetchJob first) {
         co_return;
       }
       if (*next) {
-        if (job.redirect == RedirectMode::error) {
-          HostOpFailure failure{"redirect-failed",
-                                "The response of " + job.url + " is a redirect (" +
-                                    std::to_string(result->status) +
-                                    ") and the request said redirect: \"error\"."};
+        // A server that was sent a value (or keeps one) may write it into the URL it redirects
+        // to: following would send it on to wherever that points, granted or not, and put it in
+        // the next request's prompt, audit entry and errors. Such a redirect is not followed.
+        if (carriesSecret(*secrets, nextUrl)) {
+          auditRefusal(job.services.audit, job.key.toolRevision, job.caller->name,
+                       policy::kActionFetch, "", std::nullopt, "redirect-failed");
+          HostOpFailure failure{
+              "redirect-failed",
+              "The response of " + job.url + " is a redirect (" + std::to_string(result->status) +
+                  ") to a URL that holds the value of a secret (one this fetch sent, or one "
+                  "granted to where it went). It was not followed, so the value goes no "
+                  "further; fetch with redirect: \"manual\" to read the Location, the value "
+                  "redacted."};
           redactSecrets(*secrets, failure.message);
           operation.complete(std::move(failure));
           co_return;

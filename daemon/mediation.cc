@@ -350,6 +350,44 @@ boost::system::result<SubstitutedSecrets, runtime::HostOpFailure> substituteSecr
   return walkSecrets(*services.secrets, toolName, revision, request, &request);
 }
 
+bool carriesSecret(const SubstitutedSecrets& secrets, std::string_view url) {
+  if (secrets.values.empty()) return false;
+  auto lower = [](std::string text) {
+    for (char& c : text) {
+      if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
+    }
+    return text;
+  };
+  auto decoded = [](std::string_view text, bool plusIsSpace) {
+    std::string out;
+    out.reserve(text.size());
+    auto hex = [](char c) -> int {
+      if (c >= '0' && c <= '9') return c - '0';
+      if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+      if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+      return -1;
+    };
+    for (std::size_t i = 0; i < text.size(); ++i) {
+      if (text[i] == '%' && i + 2 < text.size() && hex(text[i + 1]) >= 0 && hex(text[i + 2]) >= 0) {
+        out += static_cast<char>(hex(text[i + 1]) * 16 + hex(text[i + 2]));
+        i += 2;
+      } else {
+        out += plusIsSpace && text[i] == '+' ? ' ' : text[i];
+      }
+    }
+    return out;
+  };
+  const std::string forms[] = {lower(std::string(url)), lower(decoded(url, false)),
+                               lower(decoded(url, true))};
+  for (auto value : longestFirst(secrets)) {
+    const std::string needle = lower(std::string(value));
+    for (const auto& form : forms) {
+      if (form.find(needle) != std::string::npos) return true;
+    }
+  }
+  return false;
+}
+
 void redactSecrets(const SubstitutedSecrets& secrets, std::string& text) {
   for (auto value : longestFirst(secrets)) redactIn(text, value);
 }

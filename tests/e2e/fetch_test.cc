@@ -435,6 +435,22 @@ TEST_CASE(
   CHECK(a.requestCount("/redirect-loop") == 21);
   auto bad = fetch(json::object{{"url", a.url("/redirect")}, {"redirect", "sideways"}});
   CHECK(codeOf(bad) == "invalid-argument");
+  // A redirect status without a Location: "error" fails on it, as the Fetch standard says;
+  // "follow" answers with it.
+  CHECK(codeOf(fetch(json::object{{"url", a.url("/redirect-to?code=302")},
+                                  {"redirect", "error"}})) == "redirect-failed");
+  CHECK(fetch(json::object{{"url", a.url("/redirect-to?code=302")}}).at("status") == 302);
+  // A Location as the URL Standard reads it: without tabs, a backslash as a slash.
+  for (const char* written : {"/o\tk", "\\ok"}) {
+    INFO(written);
+    auto normalized = fetch(json::object{{"url", a.url(to(written))}});
+    CHECK(normalized.at("status") == 200);
+    CHECK(text(normalized.at("url")) == a.url("/ok"));
+  }
+  // What fails on the way says that the request followed a redirect.
+  auto tooLarge = fetch(json::object{{"url", a.url(to("/big?bytes=17000000"))}});
+  CHECK(codeOf(tooLarge) == "response-too-large");
+  CHECK_THAT(text(tooLarge.at("message")), Catch::Contains("followed a redirect"));
 
   // 303 turns a POST into a GET without its body; 307 keeps both.
   auto seeOther =

@@ -23,6 +23,7 @@
 #include <boost/json/parse.hpp>
 #include <boost/json/serialize.hpp>
 
+#include <cctype>
 #include <condition_variable>
 #include <cstdio>
 #include <exception>
@@ -288,10 +289,25 @@ asio::awaitable<After> HttpsTestServer::Impl::respond(Stream& stream, Request& r
   }
   if (path == "/redirect-auth") {
     // A 302 to `to` (percent-decoded) with the last word of the Authorization header as its
-    // token query parameter: a server that sends a credential on.
+    // token query parameter: a server that sends a credential on. `form`: "upper" writes the
+    // word in capitals, "encoded" percent-encodes each of its bytes, "path" puts it in the path.
     const std::string authorization(request[http::field::authorization]);
+    std::string token = authorization.substr(authorization.rfind(' ') + 1);
+    const std::string form(queryParameter(query, "form").value_or(""));
+    if (form == "upper") {
+      for (char& c : token) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+    } else if (form == "encoded") {
+      static constexpr char kHex[] = "0123456789abcdef";
+      std::string encoded;
+      for (const char c : token) {
+        encoded += '%';
+        encoded += kHex[static_cast<unsigned char>(c) >> 4];
+        encoded += kHex[static_cast<unsigned char>(c) & 0xF];
+      }
+      token = encoded;
+    }
     std::string location = percentDecoded(queryParameter(query, "to").value_or(""));
-    location += "?token=" + authorization.substr(authorization.rfind(' ') + 1);
+    location += form == "path" ? "/" + token : "?token=" + token;
     Response response = textResponse(http::status::found, "see elsewhere");
     response.set(http::field::location, location);
     co_return co_await send(stream, head, keepAlive, std::move(response));

@@ -405,18 +405,7 @@ TEST_CASE(
     return result.as_object();
   };
   auto to = [](std::string_view target, int code = 302) {
-    std::string encoded;
-    for (const char c : target) {
-      if (std::isalnum(static_cast<unsigned char>(c)) || c == '/' || c == '.' || c == '-') {
-        encoded += c;
-      } else {
-        static constexpr char kHex[] = "0123456789ABCDEF";
-        encoded += '%';
-        encoded += kHex[static_cast<unsigned char>(c) >> 4];
-        encoded += kHex[static_cast<unsigned char>(c) & 0xF];
-      }
-    }
-    return "/redirect-to?code=" + std::to_string(code) + "&to=" + encoded;
+    return "/redirect-to?code=" + std::to_string(code) + "&to=" + percentEncoded(target, "/.-");
   };
 
   // Followed as browsers follow, and the Response says where it ended.

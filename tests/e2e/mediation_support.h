@@ -15,6 +15,7 @@
 #include <boost/json/serialize.hpp>
 #include <catch2/catch.hpp>
 
+#include <cctype>
 #include <chrono>
 #include <cstdint>
 #include <deque>
@@ -44,6 +45,23 @@ inline std::string text(const json::value& value) {
   INFO(json::serialize(value));
   REQUIRE(value.is_string());
   return std::string(value.get_string());
+}
+
+// `text` with every byte but letters, digits and those in `keep` percent-encoded: a URL as a
+// query parameter of a test server's route.
+inline std::string percentEncoded(std::string_view text, std::string_view keep = "") {
+  static constexpr char kHex[] = "0123456789ABCDEF";
+  std::string out;
+  for (const char c : text) {
+    if (std::isalnum(static_cast<unsigned char>(c)) || keep.find(c) != std::string_view::npos) {
+      out += c;
+    } else {
+      out += '%';
+      out += kHex[static_cast<unsigned char>(c) >> 4];
+      out += kHex[static_cast<unsigned char>(c) & 0xF];
+    }
+  }
+  return out;
 }
 
 // The [fetch] section that lets the daemon reach `server`.

@@ -698,20 +698,6 @@ TEST_CASE("secrets: a redirect carries no secret to another origin, nor back to 
   Setup s;
   s.deployUser("user");
   s.setSecret(json::object{{"tool", "user"}});
-  auto encoded = [](const std::string& url) {
-    std::string to;
-    for (const char c : url) {
-      if (std::isalnum(static_cast<unsigned char>(c))) {
-        to += c;
-      } else {
-        static constexpr char kHex[] = "0123456789ABCDEF";
-        to += '%';
-        to += kHex[static_cast<unsigned char>(c) >> 4];
-        to += kHex[static_cast<unsigned char>(c) & 0xF];
-      }
-    }
-    return to;
-  };
   // The granted server sends the value on in the Location it answers with: as it is, in
   // capitals, percent-encoded, in the path; toward the other origin or back to itself. Such a
   // redirect is not followed: the value goes nowhere, and no prompt, audit entry or error of a
@@ -719,11 +705,11 @@ TEST_CASE("secrets: a redirect carries no secret to another origin, nor back to 
   for (const char* form : {"", "upper", "encoded", "path"}) {
     for (HttpsTestServer* target : {&s.other, &s.granted}) {
       INFO(form << " to " << target->origin());
-      auto refused = s.run(
-          "user",
-          json::object{{"url", s.granted.url("/redirect-auth?to=" + encoded(target->url("/echo")) +
-                                             "&form=" + form)},
-                       {"redirect", "follow"}});
+      auto refused =
+          s.run("user", json::object{{"url", s.granted.url("/redirect-auth?to=" +
+                                                           percentEncoded(target->url("/echo")) +
+                                                           "&form=" + form)},
+                                     {"redirect", "follow"}});
       INFO(json::serialize(refused));
       CHECK(codeOf(refused) == "redirect-failed");
       CHECK_THAT(text(refused.at("message")), Catch::Contains("holds the value of a secret"));
@@ -736,10 +722,10 @@ TEST_CASE("secrets: a redirect carries no secret to another origin, nor back to 
 
   // Without the value in it, the redirect is followed; the Authorization header (holding the
   // placeholder) stays with the granted origin.
-  auto followed =
-      s.run("user",
-            json::object{{"url", s.granted.url("/redirect-to?to=" + encoded(s.other.url("/echo")))},
-                         {"redirect", "follow"}});
+  auto followed = s.run(
+      "user", json::object{
+                  {"url", s.granted.url("/redirect-to?to=" + percentEncoded(s.other.url("/echo")))},
+                  {"redirect", "follow"}});
   INFO(json::serialize(followed));
   REQUIRE(followed.contains("status"));
   CHECK(followed.at("status") == 200);

@@ -19,6 +19,7 @@
 #include <boost/url/parse.hpp>
 #include <boost/url/url.hpp>
 
+#include <cctype>
 #include <chrono>
 #include <exception>
 #include <functional>
@@ -281,17 +282,21 @@ bool isRedirect(unsigned status) {
   return status == 301 || status == 302 || status == 303 || status == 307 || status == 308;
 }
 
-// `text` with every byte RFC 3986 has no place for percent-encoded (spaces, non-ASCII, and the
-// few ASCII characters URLs as browsers write them keep, such as '|' or '^'), so that
-// boost::urls can resolve it: the server reads an encoded byte as the byte.
+// `text` with every byte RFC 3986 has no place for percent-encoded (spaces, non-ASCII, the few
+// ASCII characters URLs as browsers write them keep, such as '|' or '^', and a '%' that starts
+// no escape, which browsers keep too), so that boost::urls can resolve it: the server reads an
+// encoded byte as the byte.
 std::string uriSafe(std::string_view text) {
   static constexpr std::string_view kAllowed =
-      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~:/?#[]@!$&'()*+,;=%";
+      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~:/?#[]@!$&'()*+,;=";
   static constexpr char kHex[] = "0123456789ABCDEF";
+  auto isHex = [](char c) { return std::isxdigit(static_cast<unsigned char>(c)) != 0; };
   std::string out;
   out.reserve(text.size());
-  for (const char c : text) {
-    if (kAllowed.find(c) != std::string_view::npos) {
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (kAllowed.find(c) != std::string_view::npos ||
+        (c == '%' && i + 2 < text.size() && isHex(text[i + 1]) && isHex(text[i + 2]))) {
       out += c;
     } else {
       const auto byte = static_cast<unsigned char>(c);
@@ -332,6 +337,11 @@ boost::system::result<std::optional<FetchInput>, HostOpFailure> redirectedInput(
   for (char& c : written) {
     if (c == '?' || c == '#') break;
     if (c == '\\') c = '/';
+  }
+  // "https:" without "//" after it is relative to the URL fetched, whose scheme it names.
+  if (written.size() >= 6 && boost::algorithm::iequals(written.substr(0, 6), "https:") &&
+      written.compare(6, 2, "//") != 0) {
+    written.erase(0, 6);
   }
   const std::string locationText = uriSafe(written);
   const std::string baseText = uriSafe(job.url);

@@ -430,12 +430,16 @@ TEST_CASE(
                                   {"redirect", "error"}})) == "redirect-failed");
   CHECK(fetch(json::object{{"url", a.url("/redirect-to?code=302")}}).at("status") == 302);
   // A Location as the URL Standard reads it: without tabs, a backslash as a slash.
-  for (const char* written : {"/o\tk", "\\ok"}) {
+  // "https:" without "//" is relative to the URL fetched; a '%' that starts no escape is kept.
+  for (const char* written : {"/o\tk", "\\ok", "https:ok", "https:/ok"}) {
     INFO(written);
     auto normalized = fetch(json::object{{"url", a.url(to(written))}});
     CHECK(normalized.at("status") == 200);
     CHECK(text(normalized.at("url")) == a.url("/ok"));
   }
+  auto stray = fetch(json::object{{"url", a.url(to("/ok%zz"))}});
+  CHECK(stray.at("status") == 404);
+  CHECK(text(stray.at("url")) == a.url("/ok%25zz"));
   // What fails on the way says that the request followed a redirect.
   auto tooLarge = fetch(json::object{{"url", a.url(to("/big?bytes=17000000"))}});
   CHECK(codeOf(tooLarge) == "response-too-large");

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <chrono>
 #include <ctime>
+#include <filesystem>
 
 namespace toolhost::daemon {
 namespace asio = boost::asio;
@@ -611,6 +612,43 @@ void registerToolMethods(MethodTable& methods, ToolServices services) {
         json::array list;
         for (const auto& problem : *problems) list.emplace_back(problem);
         co_return json::value(json::object{{"ok", list.empty()}, {"problems", std::move(list)}});
+      }});
+
+  methods.add(MethodSpec{
+      "store.backup",
+      "Writes a copy of the state database as it stands now to path, a new file (absolute; the "
+      "daemon's user writes it, mode 0600), without stopping the daemon. Secrets stay "
+      "encrypted in it: keep the secrets key apart from it.",
+      RoleSet{Role::admin},
+      schema(R"({"type":"object","properties":{"path":{"type":"string","minLength":1,
+                 "maxLength":4096}},"required":["path"],"additionalProperties":false})"),
+      schema(R"({"type":"object","required":["path","bytes"]})"),
+      [&disk, store = services.store, checks = services.checks](
+          CallContext&, json::object params) -> asio::awaitable<MethodResult> {
+        const std::string path(params.at("path").as_string());
+        if (path.find('\0') != std::string::npos || path.front() != '/') {
+          co_return invalidParams(
+              "params.path: an absolute path, such as /var/backups/toolhost.mdb");
+        }
+        if (store == nullptr) {
+          co_return appError(app_error::kUnavailable, "unavailable", "no state database");
+        }
+        std::error_code ignored;
+        if (std::filesystem::symlink_status(path, ignored).type() !=
+            std::filesystem::file_type::not_found) {
+          co_return toRpcError(
+              registry::RegistryError{registry::RegistryErrc::conflict,
+                                      path + " already exists; a backup never replaces a file"});
+        }
+        // A long copy: on the checks' thread, so that writes go on meanwhile.
+        DiskThread& copier = checks != nullptr ? *checks : disk;
+        auto copied = co_await copier.run([&] { return store->backup(path); });
+        if (!copied) {
+          co_return toRpcError(registry::RegistryError{registry::RegistryErrc::storage,
+                                                       "no backup was written: " + copied.error()});
+        }
+        spdlog::info("store: backed up the state database to {} ({} bytes)", path, *copied);
+        co_return json::value(json::object{{"path", path}, {"bytes", *copied}});
       }});
 }
 

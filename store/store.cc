@@ -14,6 +14,8 @@
 #include <boost/throw_exception.hpp>
 #include <cerrno>
 #include <charconv>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 #include <system_error>
@@ -682,6 +684,61 @@ boost::system::error_code Store::mapError(int rc, const char* op, std::string_vi
     spdlog::error("store: {}{} failed: {} ({}){}", op, where, describe(ec), mdb_strerror(rc), note);
   }
   return ec;
+}
+
+boost::system::result<std::uint64_t, std::string> Store::backup(
+    const std::filesystem::path& target) const {
+  namespace fs = std::filesystem;
+  if (!target.is_absolute()) return std::string("the path must be absolute");
+  const std::string name = target.filename().string();
+  if (name.empty() || name == "." || name == "..") {
+    return std::string("the path must name a file, not a directory");
+  }
+  const fs::path directory = target.parent_path();
+  std::error_code ec;
+  if (fs::symlink_status(target, ec).type() != fs::file_type::not_found) {
+    return target.string() + " already exists; a backup never replaces a file";
+  }
+  std::string partial = (directory / ("." + name + ".partial-XXXXXX")).string();
+  const int fd = ::mkostemp(partial.data(), O_CLOEXEC);  // mode 0600
+  if (fd < 0) {
+    return "cannot create a file in " + directory.string() + ": " + std::strerror(errno);
+  }
+  auto failed = [&](std::string why) {
+    ::unlink(partial.c_str());
+    return boost::system::result<std::uint64_t, std::string>(std::move(why));
+  };
+  if (const int rc = mdb_env_copyfd2(env_, fd, 0); rc != 0) {
+    ::close(fd);
+    spdlog::warn("store: a backup to {} failed: {} ({})", target.string(), mdb_strerror(rc), rc);
+    return failed("writing the copy failed: " + std::string(mdb_strerror(rc)));
+  }
+  struct stat written {};
+  if (::fsync(fd) != 0 || ::fstat(fd, &written) != 0) {
+    const int error = errno;
+    ::close(fd);
+    return failed("writing the copy failed: " + std::string(std::strerror(error)));
+  }
+  if (::close(fd) != 0) {
+    return failed("writing the copy failed: " + std::string(std::strerror(errno)));
+  }
+  // Moved in without replacing: a file that appeared at the path meanwhile stays.
+  if (::renameat2(AT_FDCWD, partial.c_str(), AT_FDCWD, target.c_str(), RENAME_NOREPLACE) != 0) {
+    int error = errno;
+    if (error == EINVAL || error == ENOSYS) {  // a file system without it: a hard link then
+      error = ::link(partial.c_str(), target.c_str()) == 0 ? 0 : errno;
+      ::unlink(partial.c_str());
+    }
+    if (error == EEXIST)
+      return failed(target.string() + " already exists; a backup never replaces a file");
+    if (error != 0)
+      return failed("cannot name the copy " + target.string() + ": " + std::strerror(error));
+  }
+  if (const int dir = ::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); dir >= 0) {
+    ::fsync(dir);
+    ::close(dir);
+  }
+  return static_cast<std::uint64_t>(written.st_size);
 }
 
 std::string Store::describe(const boost::system::error_code& ec) const {

@@ -316,6 +316,15 @@ class Store {
   // long as the walk takes. Clears the reader slot of a check that was killed.
   std::optional<PageCheckFailure> checkPages() const;
 
+  // Writes a copy of the database as it stands now (one read snapshot, taken without stopping
+  // writers) to `target`, an absolute path to a new file (mode 0600). The pages are copied as
+  // they are, never walked, so a damaged page is copied rather than followed. The copy is
+  // written beside `target` under a temporary name, synced, and then moved in without replacing
+  // anything: `target` is the whole copy or absent, and a file already there is kept. The bytes
+  // written, or why nothing was (a sentence). Blocks for as long as the copy takes.
+  boost::system::result<std::uint64_t, std::string> backup(
+      const std::filesystem::path& target) const;
+
   // ec's message with this store's details: the map size for mapFull, the path for disk errors.
   std::string describe(const boost::system::error_code& ec) const;
   // Options::allowFailureLine, for the lines of the store's users about its failures.

@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
+#include <boost/json/serialize.hpp>
 #include <catch2/catch.hpp>
 
 #include <cstring>
@@ -769,6 +770,66 @@ TEST_CASE("a damaged page of the state database is found by a child, not by the 
     again.stateDir = daemon->stateDir();
     checkStartRefused(again, "is damaged: table tool_manifests", "restore db/ from a backup");
   }
+}
+
+TEST_CASE("store.backup writes a copy of the running daemon's state that a daemon starts from",
+          "[e2e][daemon][store]") {
+  auto daemon = DaemonProcess::start();
+  RawClient client(daemon->socket());
+  installAndActivate(client, "kept");
+  auto secret =
+      client.call("secrets.set", json::object{{"tool", "kept"},
+                                              {"name", "api_key"},
+                                              {"value", "v-123"},
+                                              {"origins", json::array{"https://example.com"}}});
+  REQUIRE(secret.contains("result"));
+
+  const fs::path copy = daemon->dir() / "backup.mdb";
+  auto written = client.call("store.backup", json::object{{"path", copy.string()}});
+  INFO(json::serialize(written));
+  REQUIRE(written.contains("result"));
+  CHECK(written.at("result").at("path") == json::value(copy.string()));
+  CHECK(written.at("result").at("bytes").to_number<std::uint64_t>() == fs::file_size(copy));
+  CHECK((fs::status(copy).permissions() & fs::perms::all) ==
+        (fs::perms::owner_read | fs::perms::owner_write));
+  // Never over a file, never to a relative path or a missing directory; nothing left behind.
+  auto again = client.call("store.backup", json::object{{"path", copy.string()}});
+  CHECK(again.at("error").at("code") == -32012);
+  CHECK(client.call("store.backup", json::object{{"path", "backup.mdb"}}).at("error").at("code") ==
+        -32602);
+  auto nowhere = client.call("store.backup",
+                             json::object{{"path", (daemon->dir() / "none" / "b.mdb").string()}});
+  CHECK(nowhere.at("error").at("code") == -32015);
+  CHECK_THAT(std::string(nowhere.at("error").at("data").at("detail").as_string()),
+             Catch::Contains("no backup was written"));
+  std::size_t partials = 0;
+  for (const auto& entry : fs::directory_iterator(daemon->dir())) {
+    partials += entry.path().filename().string().find(".partial-") != std::string::npos;
+  }
+  CHECK(partials == 0);
+
+  // What came after the backup is not in it.
+  installAndActivate(client, "later");
+  REQUIRE(daemon->stop() == 0);
+
+  // Restored: the copy as db/data.mdb of a state directory, beside the secrets key it needs.
+  const fs::path restored = daemon->dir() / "restored";
+  fs::create_directories(restored / "db");
+  fs::permissions(restored, fs::perms::owner_all);
+  fs::permissions(restored / "db", fs::perms::owner_all);
+  fs::copy_file(copy, restored / "db" / "data.mdb");
+  fs::copy_file(daemon->stateDir() / "secrets.key", restored / "secrets.key");
+  DaemonOptions options;
+  options.stateDir = restored;
+  options.socketPath = daemon->dir() / "r";
+  auto second = DaemonProcess::start(options);
+  RawClient after(second->socket());
+  auto tools = json::serialize(after.call("tools.list").at("result"));
+  CHECK(tools.find("\"kept\"") != std::string::npos);
+  CHECK(tools.find("\"later\"") == std::string::npos);
+  auto secrets = json::serialize(after.call("secrets.list").at("result"));
+  CHECK(secrets.find("api_key") != std::string::npos);
+  CHECK(after.call("store.verify").at("result").at("ok") == true);
 }
 
 namespace {

@@ -219,6 +219,13 @@ int main(int argc, char** argv) {
   call->add_option("method", method, "method name, e.g. tools.list")->required();
   call->add_option("params", paramsText, "params as a JSON object, or - to read them from stdin");
 
+  auto* backup = app.add_subcommand(
+      "backup",
+      "write a copy of the daemon's state database to PATH (a new file; relative to this "
+      "directory; the daemon's user writes it): store.backup");
+  std::string backupPath;
+  backup->add_option("path", backupPath, "where the copy goes")->required();
+
   auto* approve = app.add_subcommand(
       "approve",
       "be asked about each undecided request (tool, target, read/write) and answer it; "
@@ -344,6 +351,17 @@ int main(int argc, char** argv) {
   if (*info) return callAndPrint(socket, "daemon.info", nullptr, asPretty, timeout);
   if (*health) return callAndPrint(socket, "daemon.health", nullptr, asPretty, timeout);
   if (*discover) return callAndPrint(socket, "rpc.discover", nullptr, asPretty, timeout);
+  if (*backup) {
+    std::error_code error;
+    const auto absolute = std::filesystem::absolute(backupPath, error);
+    if (error || backupPath.empty()) {
+      std::cerr << "toolhostctl: backup needs a path\n";
+      return kExitUsage;
+    }
+    return callAndPrint(socket, "store.backup",
+                        json::object{{"path", absolute.lexically_normal().string()}}, asPretty,
+                        timeout);
+  }
   if (*approve) return cli::runApprove(socket);
   if (*popupHost) return cli::runPopupHost(socket);
   if (*policy) {

@@ -808,6 +808,16 @@ TEST_CASE("store.backup writes a copy of the running daemon's state that a daemo
   }
   CHECK(partials == 0);
 
+  // toolhostctl backup takes a path relative to where it runs.
+  auto byCtl = runProgram({"/bin/sh", "-c",
+                           "cd '" + daemon->dir().string() + "' && exec '" + ctlBinary().string() +
+                               "' --socket '" + daemon->socket().string() +
+                               "' --compact backup second.mdb"});
+  INFO(byCtl.err);
+  CHECK(byCtl.status == 0);
+  CHECK_THAT(byCtl.out, Catch::Contains((daemon->dir() / "second.mdb").string()));
+  CHECK(fs::file_size(daemon->dir() / "second.mdb") > 0);
+
   // What came after the backup is not in it.
   installAndActivate(client, "later");
   REQUIRE(daemon->stop() == 0);

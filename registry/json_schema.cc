@@ -746,6 +746,44 @@ std::string explained(const boost::json::value& document, const boost::json::val
     return "does not match its schema";
   }
   if (auto words = combinatorWords(description)) return std::string(*words);
+  // Sizes, in words of ours; an array's or an object's own size is shown, a string's is not.
+  struct Size {
+    std::string_view prefix, suffix, words, units, unit;
+  };
+  static constexpr Size kSizes[] = {
+      {"String should be no fewer than ", " characters in length.", "must be at least ",
+       " characters long", " character long"},
+      {"String should be no more than ", " characters in length.", "must be at most ",
+       " characters long", " character long"},
+      {"Array should contain no fewer than ", " elements.", "must have at least ", " items",
+       " item"},
+      {"Array should contain no more than ", " elements.", "must have at most ", " items", " item"},
+      {"Object should have no fewer than ", " properties.", "must have at least ", " properties",
+       " property"},
+      {"Object should have no more than ", " properties.", "must have at most ", " properties",
+       " property"}};
+  for (const auto& size : kSizes) {
+    if (!description.starts_with(size.prefix) || !description.ends_with(size.suffix) ||
+        description.size() <= size.prefix.size() + size.suffix.size()) {
+      continue;
+    }
+    const std::string bound = description.substr(
+        size.prefix.size(), description.size() - size.prefix.size() - size.suffix.size());
+    std::string has;
+    if (value != nullptr && value->is_array()) {
+      has = " (it has " + std::to_string(value->get_array().size()) + ")";
+    } else if (value != nullptr && value->is_object()) {
+      has = " (it has " + std::to_string(value->get_object().size()) + ")";
+    }
+    return std::string(size.words) + bound + std::string(bound == "1" ? size.unit : size.units) +
+           has;
+  }
+  constexpr std::string_view kRequired = "Missing required property '";
+  if (description.starts_with(kRequired) && description.ends_with("'.")) {
+    const std::string name =
+        description.substr(kRequired.size(), description.size() - kRequired.size() - 2);
+    return "lacks the required property " + shown(boost::json::value(name), 80);
+  }
   if (description == kPatternFailed) {
     const auto* pattern = node != nullptr ? node->if_contains("pattern") : nullptr;
     if (pattern == nullptr || !pattern->is_string()) {

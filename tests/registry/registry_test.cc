@@ -861,6 +861,38 @@ TEST_CASE("a failure that records no error of its own is named in our words at i
   }
 }
 
+TEST_CASE("sizes and required properties are named in our words", "[registry]") {
+  auto schema = compileToolSchema(json::parse(R"({
+    "type": "object",
+    "required": ["name"],
+    "properties": {
+      "name": {"type": "string", "minLength": 2, "maxLength": 4},
+      "tags": {"type": "array", "minItems": 1, "maxItems": 2},
+      "meta": {"type": "object", "minProperties": 1, "maxProperties": 1}
+    }
+  })"),
+                                  "parameters");
+  REQUIRE(schema.has_value());
+  auto reason = [&](const char* arguments, const std::string& path) {
+    INFO(arguments);
+    auto violation = schema->validate(json::parse(arguments));
+    REQUIRE(violation);
+    CHECK(violation->path == path);
+    return violation->reason;
+  };
+  CHECK(reason(R"({})", "") == "lacks the required property \"name\"");
+  // A string's length is not shown (it may be a secret's); an array's or object's size is.
+  CHECK(reason(R"({"name":"a"})", "/name") == "must be at least 2 characters long");
+  CHECK(reason(R"({"name":"abcde"})", "/name") == "must be at most 4 characters long");
+  CHECK(reason(R"({"name":"ab","tags":[]})", "/tags") == "must have at least 1 item (it has 0)");
+  CHECK(reason(R"({"name":"ab","tags":[1,2,3]})", "/tags") ==
+        "must have at most 2 items (it has 3)");
+  CHECK(reason(R"({"name":"ab","meta":{}})", "/meta") ==
+        "must have at least 1 property (it has 0)");
+  CHECK(reason(R"({"name":"ab","meta":{"a":1,"b":2}})", "/meta") ==
+        "must have at most 1 property (it has 2)");
+}
+
 TEST_CASE("multipleOf must be a number above zero and is exact for fractions", "[registry]") {
   // valijson divides integers by an integer divisor: 0 (or "0", read as a number) and -1 with
   // the smallest integer stopped the process with SIGFPE at the first validation.

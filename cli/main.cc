@@ -15,9 +15,12 @@
 #include <boost/json/serialize.hpp>
 #include <filesystem>
 
+#include <cerrno>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <iostream>
 #include <iterator>
 #include <string>
@@ -76,6 +79,62 @@ void pretty(std::string& out, const json::value& value, int indent) {
   } else {
     out += protocol::writeJson(value);
   }
+}
+
+// The whole of a file (or of stdin for "-"), or why not.
+bool readWhole(const std::string& path, std::string& out, std::string& error) {
+  if (path == "-") {
+    out.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
+    return true;
+  }
+  std::FILE* file = std::fopen(path.c_str(), "rb");
+  if (file == nullptr) {
+    error = "cannot read " + path + ": " + std::strerror(errno);
+    return false;
+  }
+  char buffer[65536];
+  std::size_t got;
+  while ((got = std::fread(buffer, 1, sizeof buffer, file)) > 0) out.append(buffer, got);
+  const bool failed = std::ferror(file) != 0;
+  std::fclose(file);
+  if (failed) error = "cannot read " + path;
+  return !failed;
+}
+
+// Where `text` stops being UTF-8 (a JSON string must be), or npos.
+std::size_t firstInvalidUtf8(std::string_view text) {
+  std::size_t i = 0;
+  while (i < text.size()) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    std::size_t length = c < 0x80           ? 1
+                         : (c >> 5) == 0x6  ? 2
+                         : (c >> 4) == 0xE  ? 3
+                         : (c >> 3) == 0x1E ? 4
+                                            : 0;
+    if (length == 0 || i + length > text.size()) return i;
+    std::uint32_t code = length == 1 ? c : c & (0x7F >> length);
+    for (std::size_t k = 1; k < length; ++k) {
+      const auto next = static_cast<unsigned char>(text[i + k]);
+      if ((next >> 6) != 0x2) return i;
+      code = (code << 6) | (next & 0x3F);
+    }
+    static constexpr std::uint32_t kSmallest[] = {0, 0, 0x80, 0x800, 0x10000};
+    if (code < kSmallest[length] || code > 0x10FFFF || (code >= 0xD800 && code <= 0xDFFF)) {
+      return i;
+    }
+    i += length;
+  }
+  return std::string_view::npos;
+}
+
+// A text file as a JSON string, or why it cannot be one.
+bool readText(const std::string& path, std::string& out, std::string& error) {
+  if (!readWhole(path, out, error)) return false;
+  if (const std::size_t bad = firstInvalidUtf8(out); bad != std::string_view::npos) {
+    error = path + " is not UTF-8 text (at byte " + std::to_string(bad) + ")";
+    return false;
+  }
+  return true;
 }
 
 void print(const json::value& value, bool asPretty) {
@@ -226,6 +285,22 @@ int main(int argc, char** argv) {
   std::string backupPath;
   backup->add_option("path", backupPath, "where the copy goes")->required();
 
+  auto* install = app.add_subcommand(
+      "install",
+      "install a tool: install MANIFEST.json [--source FILE.js] [--module NAME=FILE ...] "
+      "[--activate [--replace]]; the files' text goes into the manifest's execution");
+  std::string manifestPath;
+  std::string sourcePath;
+  std::vector<std::string> modulePaths;
+  bool activate = false;
+  bool replace = false;
+  install->add_option("manifest", manifestPath, "the manifest as JSON, or - for stdin")->required();
+  install->add_option("--source", sourcePath, "a JavaScript file: the execution's source");
+  install->add_option("--module", modulePaths,
+                      "NAME=FILE: a module the source imports as NAME (repeatable)");
+  install->add_flag("--activate", activate, "bind the tool's name to the new revision");
+  install->add_flag("--replace", replace, "with --activate: move a name bound to another revision");
+
   auto* approve = app.add_subcommand(
       "approve",
       "be asked about each undecided request (tool, target, read/write) and answer it; "
@@ -361,6 +436,95 @@ int main(int argc, char** argv) {
     return callAndPrint(socket, "store.backup",
                         json::object{{"path", absolute.lexically_normal().string()}}, asPretty,
                         timeout);
+  }
+  if (*install) {
+    std::string text, error;
+    if (!readText(manifestPath, text, error)) {
+      std::fprintf(stderr, "toolhostctl: %s\n", error.c_str());
+      return kExitUsage;
+    }
+    auto parsed = protocol::parseJson(text);
+    if (!parsed || !parsed->is_object()) {
+      std::fprintf(stderr, "toolhostctl: %s is not a JSON object%s%s\n", manifestPath.c_str(),
+                   parsed ? "" : ": ", parsed ? "" : parsed.error().detail.c_str());
+      return kExitUsage;
+    }
+    json::object manifest = std::move(parsed->as_object());
+    if (!sourcePath.empty() || !modulePaths.empty()) {
+      json::value& execution = manifest["execution"];
+      if (execution.is_null()) {
+        execution = json::object{{"class", "sandboxed-code"}, {"runtime", "javascript"}};
+      }
+      if (!execution.is_object()) {
+        std::fprintf(stderr, "toolhostctl: the manifest's execution is not an object\n");
+        return kExitUsage;
+      }
+      if (!sourcePath.empty()) {
+        std::string source;
+        if (!readText(sourcePath, source, error)) {
+          std::fprintf(stderr, "toolhostctl: %s\n", error.c_str());
+          return kExitUsage;
+        }
+        execution.as_object()["source"] = json::string(source);
+      }
+      for (const auto& module : modulePaths) {
+        const auto equals = module.find('=');
+        if (equals == std::string::npos || equals == 0 || equals + 1 == module.size()) {
+          std::fprintf(stderr, "toolhostctl: --module takes NAME=FILE, not %s\n", module.c_str());
+          return kExitUsage;
+        }
+        std::string code;
+        if (!readText(module.substr(equals + 1), code, error)) {
+          std::fprintf(stderr, "toolhostctl: %s\n", error.c_str());
+          return kExitUsage;
+        }
+        json::value& modules = execution.as_object()["modules"];
+        if (!modules.is_object()) modules = json::object{};
+        modules.as_object()[module.substr(0, equals)] = json::string(code);
+      }
+    }
+    if (replace && !activate) {
+      std::fprintf(stderr, "toolhostctl: --replace goes with --activate\n");
+      return kExitUsage;
+    }
+    json::object params{{"manifest", std::move(manifest)}};
+    if (!activate) return callAndPrint(socket, "tools.install", params, asPretty, timeout);
+    auto client = cli::Client::connect(socket);
+    if (!client) {
+      std::fprintf(stderr, "toolhostctl: %s\n", client.error().detail.c_str());
+      return kExitConnect;
+    }
+    // Installed, then bound: each answer as the method gives it, the second under "activated".
+    auto installed = client->call("tools.install", params, timeout);
+    if (!installed) {
+      std::fprintf(stderr, "toolhostctl: %s\n", installed.error().detail.c_str());
+      return kExitConnect;
+    }
+    if (const auto* failed = installed->if_contains("error")) {
+      print(*failed, asPretty);
+      std::fprintf(stderr, "toolhostctl: %s\n", cli::errorDetail(*installed).c_str());
+      return kExitRpcError;
+    }
+    json::object result = installed->at("result").as_object();
+    json::object binding{{"name", result.at("name")}, {"revision", result.at("revision")}};
+    if (replace) binding["replace"] = true;
+    auto activated = client->call("tools.activate", binding, timeout);
+    if (!activated) {
+      std::fprintf(stderr, "toolhostctl: installed %s, but: %s\n",
+                   std::string(result.at("revision").as_string()).c_str(),
+                   activated.error().detail.c_str());
+      return kExitConnect;
+    }
+    if (const auto* failed = activated->if_contains("error")) {
+      print(*failed, asPretty);
+      std::fprintf(stderr, "toolhostctl: installed %s, but not activated: %s\n",
+                   std::string(result.at("revision").as_string()).c_str(),
+                   cli::errorDetail(*activated).c_str());
+      return kExitRpcError;
+    }
+    result["activated"] = activated->at("result");
+    print(result, asPretty);
+    return kExitResult;
   }
   if (*approve) return cli::runApprove(socket);
   if (*popupHost) return cli::runPopupHost(socket);

@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <fstream>
 #include <random>
 #include <set>
 #include <thread>
@@ -304,6 +305,60 @@ TEST_CASE("tools.configure stores settings revisions per tool revision", "[e2e][
   CHECK(errorCode(client.call("tools.configure", json::object{{"name", "other"}, {"revision", rev}, {"settings", json::object{}}})) == -32001);
   // Settings values are not in tools.get: only the revision.
   CHECK(toolhost::protocol::encodeLine(got).find("metric") == std::string::npos);
+}
+
+TEST_CASE("toolhostctl install puts the source files in the manifest, and activates on request",
+          "[e2e][tools]") {
+  auto daemon = DaemonProcess::start();
+  const auto dir = daemon->dir();
+  auto write = [&](const std::string& name, const std::string& text) {
+    std::ofstream(dir / name, std::ios::binary) << text;
+    return (dir / name).string();
+  };
+  const std::string manifestFile = write(
+      "greet.json", R"({"name":"greet","description":"says hello","parameters":{"type":"object",)"
+                    R"("properties":{"who":{"type":"string"}},"required":["who"]},)"
+                    R"("execution":{"class":"sandboxed-code","runtime":"javascript"}})");
+  const std::string source =
+      write("main.js",
+            "import { greeting } from 'words.js';\n"
+            "export default async ({who}) => ({text: `${greeting}, ${who}!`});\n");
+  const std::string words = write("words.js", "export const greeting = 'Hello';\n");
+  auto ctl = [&](std::vector<std::string> args) {
+    std::vector<std::string> command{ctlBinary().string(), "--socket", daemon->socket().string(),
+                                     "--compact"};
+    command.insert(command.end(), args.begin(), args.end());
+    return runProgram(command);
+  };
+  auto installed = ctl(
+      {"install", manifestFile, "--source", source, "--module", "words.js=" + words, "--activate"});
+  INFO(installed.err);
+  REQUIRE(installed.status == 0);
+  auto answer = json::parse(installed.out).as_object();
+  CHECK(answer.at("created") == true);
+  CHECK(answer.at("activated").at("revision") == answer.at("revision"));
+  auto called = ctl({"call", "greet", R"({"who":"Paris"})"});
+  CHECK(called.status == 0);
+  CHECK_THAT(called.out, Catch::Contains("Hello, Paris!"));
+  // The same files again: the same revision, nothing written.
+  auto again = ctl({"install", manifestFile, "--source", source, "--module", "words.js=" + words});
+  CHECK(again.status == 0);
+  CHECK(json::parse(again.out).at("created") == false);
+  CHECK(json::parse(again.out).at("revision") == answer.at("revision"));
+  // Another source: activating over the bound name needs --replace.
+  const std::string other = write("other.js", "export default async () => ({text: 'hi'});\n");
+  auto held = ctl({"install", manifestFile, "--source", other, "--activate"});
+  CHECK(held.status == 1);
+  CHECK_THAT(held.err, Catch::Contains("installed sha256:") && Catch::Contains("not activated"));
+  CHECK(ctl({"install", manifestFile, "--source", other, "--activate", "--replace"}).status == 0);
+  CHECK_THAT(ctl({"call", "greet", R"({"who":"x"})"}).out, Catch::Contains("\"hi\""));
+  // What cannot go into a manifest is refused before anything is sent.
+  const std::string binary = write("binary.js", std::string("\xff\xfe", 2));
+  auto notText = ctl({"install", manifestFile, "--source", binary});
+  CHECK(notText.status == 2);
+  CHECK_THAT(notText.err, Catch::Contains("is not UTF-8 text"));
+  CHECK(ctl({"install", manifestFile, "--module", "words.js"}).status == 2);
+  CHECK(ctl({"install", (dir / "missing.json").string()}).status == 2);
 }
 
 TEST_CASE("only admins install, agents read and call", "[e2e][tools][peers]") {

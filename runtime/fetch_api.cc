@@ -177,9 +177,20 @@ constexpr const char* kPrelude = R"JS((function (natives) {
     return out;
   }
 
+  let copyHeaders;  // (headers) => an equal Headers of its own, as mutable as the original
   class Headers {
     #list;  // [[lower-case name, value], ...]; never handed out
     #immutable;  // a Response's: sorted and combined by the host
+    static {
+      copyHeaders = (headers) => {
+        const list = headers.#list;
+        const copy = newList();
+        for (let i = 0; i < list.length; i++) copy[i] = [list[i][0], list[i][1]];
+        const made = new Headers(kHost, copy);
+        made.#immutable = headers.#immutable;
+        return made;
+      };
+    }
     constructor(init = undefined, list = undefined) {
       if (init === kHost) {
         this.#list = list;
@@ -375,6 +386,20 @@ constexpr const char* kPrelude = R"JS((function (natives) {
       if (type !== null && !this.#headers.has('content-type')) {
         this.#headers.set('content-type', type);
       }
+    }
+    static error() {
+      const made = new Response(kHost, 0, '', '', newList(), null, false);
+      made.#type = 'error';
+      return made;
+    }
+    clone() {
+      if (this.#bodyUsed) throw new TypeErrorCtor('Response.clone: body already used');
+      const made = new Response(kHost, this.#status, this.#statusText, this.#url, newList(),
+                                this.#body === null ? null : toBytes(this.#body),
+                                this.#redirected);
+      made.#headers = copyHeaders(this.#headers);
+      made.#type = this.#type;
+      return made;
     }
     static json(data, init = undefined) {
       const text = JSONStringify(data);

@@ -192,11 +192,14 @@ TEST_CASE("Headers can be made, changed and passed to fetch, a Response's stay i
   auto outcome = f.call(makeTool(
       "export default async () => { const r = await fetch(new URL('https://example.com/'), "
       "{headers: new Headers({'X-Key': 'v'})}); "
+      "const c = r.clone(); let cloned = 'set'; try { c.headers.set('a', 'b'); } "
+      "catch (e) { cloned = e.name; } "
       "try { r.headers.set('a', 'b'); } catch (e) { return [e.name, r.headers.get('content-type'), "
-      "r instanceof Response, r.headers instanceof Headers]; } }"));
+      "r instanceof Response, r.headers instanceof Headers, cloned, c.url, c.type]; } }"));
   INFO(describe(outcome));
   REQUIRE(outcome.result);
-  CHECK(*outcome.result == json::parse(R"(["TypeError","text/plain",true,true])"));
+  CHECK(*outcome.result == json::parse(R"(["TypeError","text/plain",true,true,"TypeError",)"
+                                       R"("https://example.com/","basic"])"));
   CHECK(f.host.operations() ==
         std::vector<std::string>{
             R"(fetch {"url":"https://example.com/","method":"GET","headers":[["x-key","v"]]})"});
@@ -218,6 +221,17 @@ TEST_CASE("a Response can be made from text, bytes or JSON", "[runtime][web][fet
             "const r = Response.json({a: [1]}, {status: 202}); "
             "return [r.status, r.headers.get('content-type'), await r.json()]") ==
         json::parse(R"([202,"application/json",{"a":[1]}])"));
+  // clone: the body and headers copied (a clone's headers change alone), not once read.
+  CHECK(run(f,
+            "const r = new Response('abc', {status: 201, headers: {'X-A': '1'}}); "
+            "const c = r.clone(); c.headers.set('x-b', '2'); "
+            "const texts = [await r.text(), await c.text()]; "
+            "const again = (() => { try { r.clone(); return 'none'; } catch (e) { return e.name; } "
+            "})(); "
+            "const e = Response.error(); "
+            "return [...texts, r.headers.has('x-b'), c.status, c.headers.get('x-a'), "
+            "c instanceof Response, again, e.type, e.status, e.ok, [...e.headers]]") ==
+        json::parse(R"(["abc","abc",false,201,"1",true,"TypeError","error",0,false,[]])"));
   CHECK(run(f,
             "const r = new Response(); return [await r.text(), await r.text(), r.bodyUsed, "
             "(await new Response(null).arrayBuffer()).byteLength, r.type, r.url]") ==

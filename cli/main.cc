@@ -433,8 +433,8 @@ int main(int argc, char** argv) {
       std::cerr << "toolhostctl: backup needs a path\n";
       return kExitUsage;
     }
-    return callAndPrint(socket, "store.backup",
-                        json::object{{"path", absolute.lexically_normal().string()}}, asPretty,
+    // As it is: ".." after a symbolic link is the kernel's to resolve, not this text's.
+    return callAndPrint(socket, "store.backup", json::object{{"path", absolute.string()}}, asPretty,
                         timeout);
   }
   if (*install) {

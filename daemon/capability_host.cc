@@ -308,6 +308,63 @@ std::string uriSafe(std::string_view text) {
   return out;
 }
 
+// `reference` resolved against `base` as RFC 3986 (5.2.2) does, the fragment dropped, its
+// percent-encodings left as they are (boost::urls::resolve normalizes the path, and decodes
+// "%2F" there, which names another resource on many servers). Dot segments stay: the URL
+// parser of every request (policy::parseDestination) removes them as browsers do.
+std::string resolvedReference(const boost::urls::url_view& base,
+                              const boost::urls::url_view& reference) {
+  std::string out(base.scheme());
+  out += ':';
+  auto withQuery = [&](const boost::urls::url_view& from) {
+    if (from.has_query()) {
+      out += '?';
+      out += from.encoded_query();
+    }
+  };
+  if (reference.has_scheme()) {
+    out = std::string(reference.scheme()) + ":";
+    if (reference.has_authority()) out += "//" + std::string(reference.encoded_authority());
+    out += reference.encoded_path();
+    withQuery(reference);
+    return out;
+  }
+  if (reference.has_authority()) {
+    out += "//" + std::string(reference.encoded_authority());
+    out += reference.encoded_path();
+    withQuery(reference);
+    return out;
+  }
+  if (base.has_authority()) out += "//" + std::string(base.encoded_authority());
+  const std::string_view path = reference.encoded_path();
+  if (path.empty()) {
+    out += base.encoded_path();
+    withQuery(reference.has_query() ? reference : base);
+    return out;
+  }
+  if (path.front() == '/') {
+    out += path;
+  } else {
+    const std::string_view basePath = base.encoded_path();
+    if (base.has_authority() && basePath.empty()) {
+      out += '/';
+    } else {
+      out += basePath.substr(0, basePath.rfind('/') + 1);
+    }
+    out += path;
+  }
+  withQuery(reference);
+  return out;
+}
+
+// The Location of a response, if it has one.
+const std::string* locationOf(const policy::HttpResponse& response) {
+  for (const auto& [name, value] : response.headers) {
+    if (name == "location") return &value;
+  }
+  return nullptr;
+}
+
 // The request a redirect leads to, as the Fetch standard's HTTP-redirect fetch makes it: the
 // Location resolved against the URL fetched, without its fragment; a 303, or a 301 or 302 of a
 // POST, becomes a GET without a body or the headers that describe one; toward another origin
@@ -315,13 +372,7 @@ std::string uriSafe(std::string_view text) {
 // the answer). `nextUrl` holds the URL the input points to.
 boost::system::result<std::optional<FetchInput>, HostOpFailure> redirectedInput(
     const FetchJob& job, const policy::HttpResponse& response, std::string& nextUrl) {
-  const std::string* location = nullptr;
-  for (const auto& [name, value] : response.headers) {
-    if (name == "location") {
-      location = &value;
-      break;
-    }
-  }
+  const std::string* location = locationOf(response);
   if (location == nullptr) return std::optional<FetchInput>{};
   // As the URL Standard reads it: without its tabs and newlines or its leading and trailing
   // controls and spaces, and a backslash before the query as a slash (https is a special scheme:
@@ -347,16 +398,14 @@ boost::system::result<std::optional<FetchInput>, HostOpFailure> redirectedInput(
   const std::string baseText = uriSafe(job.url);
   auto reference = boost::urls::parse_uri_reference(locationText);
   auto base = boost::urls::parse_uri(baseText);
-  boost::urls::url resolved;
-  if (!reference || !base || !boost::urls::resolve(*base, *reference, resolved)) {
+  if (!reference || !base) {
     return HostOpFailure{"redirect-failed",
                          "The response of " + job.url + " is a redirect (" +
                              std::to_string(response.status) +
                              ") whose Location is not a URL; fetch with redirect: \"manual\" "
                              "to read it."};
   }
-  resolved.remove_fragment();
-  nextUrl = std::string(resolved.buffer());
+  nextUrl = resolvedReference(*base, *reference);
 
   FetchInput next;
   next.url = nextUrl;
@@ -510,7 +559,9 @@ asio::awaitable<void> runFetch(FetchJob first) {
         // A server that was sent a value (or keeps one) may write it into the URL it redirects
         // to: following would send it on to wherever that points, granted or not, and put it in
         // the next request's prompt, audit entry and errors. Such a redirect is not followed.
-        if (carriesSecret(*secrets, nextUrl)) {
+        const std::string* location = locationOf(*result);
+        if (carriesSecret(*secrets, nextUrl) ||
+            (location != nullptr && carriesSecret(*secrets, *location))) {
           auditRefusal(job.services.audit, job.key.toolRevision, job.caller->name,
                        policy::kActionFetch, "", std::nullopt, "redirect-failed");
           HostOpFailure failure{

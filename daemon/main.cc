@@ -291,6 +291,8 @@ int run(const daemon::Config& config, const daemon::CommandLine& commandLine) {
   // Request lines of hundreds of KiB and more are parsed here, not on the I/O threads: one
   // client's megabytes of JSON would hold up every connection for as long as they take.
   daemon::DiskThread requestParses;
+  // store.verify's page walk and store.backup's copy: as long as the database is large.
+  daemon::DiskThread maintenance;
 
   // Sandboxed JavaScript: V8 workers, retained sandboxes, the watchdog. The pool is destroyed
   // first (its calls end and abort their operations), then the capability host, then the
@@ -346,7 +348,7 @@ int run(const daemon::Config& config, const daemon::CommandLine& commandLine) {
   daemon::registerToolMethods(
       methods,
       daemon::ToolServices{registry, disk, &sandboxes, &externalTools, &secrets, &taskStore,
-                           &argumentChecks, &store, &subtasks, &definitionBuilds});
+                           &argumentChecks, &store, &subtasks, &definitionBuilds, &maintenance});
   daemon::registerPopupMethods(methods, popups);
   daemon::registerSandboxMethods(methods, sandboxes);
   daemon::registerTaskMethods(methods, taskStore, disk, lineageReads, &sandboxes);
@@ -406,6 +408,7 @@ int run(const daemon::Config& config, const daemon::CommandLine& commandLine) {
   argumentChecks.stop();
   definitionBuilds.stop();
   requestParses.stop();
+  maintenance.stop();
   return 0;
 }
 

@@ -377,8 +377,17 @@ bool carriesSecret(const SubstitutedSecrets& secrets, std::string_view url) {
     }
     return out;
   };
-  const std::string forms[] = {lower(std::string(url)), lower(decoded(url, false)),
-                               lower(decoded(url, true))};
+  // Decoded again and again (a URL inside a query parameter is encoded twice), a few times.
+  std::vector<std::string> forms{lower(std::string(url))};
+  for (const bool plusIsSpace : {false, true}) {
+    std::string form(url);
+    for (int round = 0; round < 4; ++round) {
+      std::string next = decoded(form, plusIsSpace);
+      if (next == form) break;
+      form = std::move(next);
+      forms.push_back(lower(form));
+    }
+  }
   for (auto value : longestFirst(secrets)) {
     const std::string needle = lower(std::string(value));
     for (const auto& form : forms) {

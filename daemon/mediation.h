@@ -112,9 +112,9 @@ boost::system::result<SubstitutedSecrets, runtime::HostOpFailure> substituteSecr
 inline constexpr std::string_view kRedacted = "[redacted]";
 void redactSecrets(const SubstitutedSecrets& secrets, policy::HttpResponse& response);
 void redactSecrets(const SubstitutedSecrets& secrets, std::string& text);
-// Whether `url` holds one of the values: as it is, in another case, or percent-encoded once
-// ('+' read as a space too), the ways a server that was sent a value may write it into a URL
-// it redirects to, and the ways fetch itself re-encodes a Location.
+// Whether `url` holds one of the values: as it is, in another case, or percent-encoded once or
+// several times over ('+' read as a space too), the ways a server that was sent a value may
+// write it into a URL it redirects to, and the ways fetch itself re-encodes a Location.
 bool carriesSecret(const SubstitutedSecrets& secrets, std::string_view url);
 
 }  // namespace toolhost::daemon

@@ -580,12 +580,13 @@ void registerToolMethods(MethodTable& methods, ToolServices services) {
       RoleSet{Role::admin},
       {},
       schema(R"({"type":"object","required":["ok","problems"]})"),
-      [&registry, &disk, tasks = services.tasks, store = services.store, checks = services.checks](
+      [&registry, &disk, tasks = services.tasks, store = services.store,
+       maintenance = services.maintenance != nullptr ? services.maintenance : services.checks](
           CallContext&, json::object) -> asio::awaitable<MethodResult> {
         // Damaged pages first: the walks below would follow them and could kill the daemon. The
-        // walk (a child process) waits on the checks' thread, so that writes go on meanwhile.
+        // walk (a child process) waits on a thread of its own, so that writes go on meanwhile.
         if (store != nullptr) {
-          DiskThread& walker = checks != nullptr ? *checks : disk;
+          DiskThread& walker = maintenance != nullptr ? *maintenance : disk;
           auto failed = co_await walker.run([&] { return store->checkPages(); });
           if (failed && !failed->damaged) {
             co_return toRpcError(registry::RegistryError{
@@ -623,7 +624,8 @@ void registerToolMethods(MethodTable& methods, ToolServices services) {
       schema(R"({"type":"object","properties":{"path":{"type":"string","minLength":1,
                  "maxLength":4096}},"required":["path"],"additionalProperties":false})"),
       schema(R"({"type":"object","required":["path","bytes"]})"),
-      [&disk, store = services.store, checks = services.checks](
+      [&disk, store = services.store,
+       maintenance = services.maintenance != nullptr ? services.maintenance : services.checks](
           CallContext&, json::object params) -> asio::awaitable<MethodResult> {
         const std::string path(params.at("path").as_string());
         if (path.find('\0') != std::string::npos || path.front() != '/') {
@@ -633,19 +635,16 @@ void registerToolMethods(MethodTable& methods, ToolServices services) {
         if (store == nullptr) {
           co_return appError(app_error::kUnavailable, "unavailable", "no state database");
         }
-        std::error_code ignored;
-        if (std::filesystem::symlink_status(path, ignored).type() !=
-            std::filesystem::file_type::not_found) {
-          co_return toRpcError(
-              registry::RegistryError{registry::RegistryErrc::conflict,
-                                      path + " already exists; a backup never replaces a file"});
-        }
-        // A long copy: on the checks' thread, so that writes go on meanwhile.
-        DiskThread& copier = checks != nullptr ? *checks : disk;
+        // A long copy, one at a time, on a thread of its own (the path is not even looked at on
+        // this one: a stalled mount would hold up every connection): writes and calls go on.
+        DiskThread& copier = maintenance != nullptr ? *maintenance : disk;
         auto copied = co_await copier.run([&] { return store->backup(path); });
         if (!copied) {
-          co_return toRpcError(registry::RegistryError{registry::RegistryErrc::storage,
-                                                       "no backup was written: " + copied.error()});
+          const bool exists = copied.error().exists;
+          co_return toRpcError(registry::RegistryError{
+              exists ? registry::RegistryErrc::conflict : registry::RegistryErrc::storage,
+              exists ? copied.error().message
+                     : "no backup was written: " + copied.error().message});
         }
         spdlog::info("store: backed up the state database to {} ({} bytes)", path, *copied);
         co_return json::value(json::object{{"path", path}, {"bytes", *copied}});

@@ -28,6 +28,9 @@ struct ToolServices {
   const store::Store* store = nullptr;   // null: store.verify does not check the pages
   SubtaskLedger* subtasks = nullptr;     // null: tools.call answers no `subtasks`
   DiskThread* definitions = nullptr;  // lineage definitions are first compiled there (null: inline)
+  // store.verify's page walk and store.backup's copy, which take as long as the database is
+  // large: off the argument checks, which calls would wait behind (null: checks, else disk).
+  DiskThread* maintenance = nullptr;
 };
 
 void registerToolMethods(MethodTable& methods, ToolServices services);

@@ -686,28 +686,38 @@ boost::system::error_code Store::mapError(int rc, const char* op, std::string_vi
   return ec;
 }
 
-boost::system::result<std::uint64_t, std::string> Store::backup(
+boost::system::result<std::uint64_t, Store::BackupError> Store::backup(
     const std::filesystem::path& target) const {
   namespace fs = std::filesystem;
-  if (!target.is_absolute()) return std::string("the path must be absolute");
+  using Result = boost::system::result<std::uint64_t, BackupError>;
+  auto refused = [](std::string why, bool exists = false) {
+    return Result(BackupError{exists, std::move(why)});
+  };
+  if (!target.is_absolute()) return refused("the path must be absolute");
   const std::string name = target.filename().string();
   if (name.empty() || name == "." || name == "..") {
-    return std::string("the path must name a file, not a directory");
+    return refused("the path must name a file, not a directory");
   }
+  const std::string exists = target.string() + " already exists; a backup never replaces a file";
+  struct stat there {};
+  if (::lstat(target.c_str(), &there) == 0) return refused(exists, true);
+  if (errno != ENOENT) return refused(target.string() + ": " + std::strerror(errno));
   const fs::path directory = target.parent_path();
-  std::error_code ec;
-  if (fs::symlink_status(target, ec).type() != fs::file_type::not_found) {
-    return target.string() + " already exists; a backup never replaces a file";
-  }
   std::string partial = (directory / ("." + name + ".partial-XXXXXX")).string();
-  const int fd = ::mkostemp(partial.data(), O_CLOEXEC);  // mode 0600
+  const int fd = ::mkostemp(partial.data(), O_CLOEXEC);
   if (fd < 0) {
-    return "cannot create a file in " + directory.string() + ": " + std::strerror(errno);
+    return refused("cannot create a file in " + directory.string() + ": " + std::strerror(errno));
   }
-  auto failed = [&](std::string why) {
+  auto failed = [&](std::string why, bool present = false) {
     ::unlink(partial.c_str());
-    return boost::system::result<std::uint64_t, std::string>(std::move(why));
+    return refused(std::move(why), present);
   };
+  // 0600 whatever the umask: the copy holds everything the database does.
+  if (::fchmod(fd, 0600) != 0) {
+    const int error = errno;
+    ::close(fd);
+    return failed("cannot set the copy's mode: " + std::string(std::strerror(error)));
+  }
   if (const int rc = mdb_env_copyfd2(env_, fd, 0); rc != 0) {
     ::close(fd);
     spdlog::warn("store: a backup to {} failed: {} ({})", target.string(), mdb_strerror(rc), rc);
@@ -729,16 +739,16 @@ boost::system::result<std::uint64_t, std::string> Store::backup(
       error = ::link(partial.c_str(), target.c_str()) == 0 ? 0 : errno;
       ::unlink(partial.c_str());
     }
-    if (error == EEXIST)
-      return failed(target.string() + " already exists; a backup never replaces a file");
-    if (error != 0)
+    if (error == EEXIST) return failed(exists, true);
+    if (error != 0) {
       return failed("cannot name the copy " + target.string() + ": " + std::strerror(error));
+    }
   }
   if (const int dir = ::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); dir >= 0) {
     ::fsync(dir);
     ::close(dir);
   }
-  return static_cast<std::uint64_t>(written.st_size);
+  return Result(boost::system::in_place_value, static_cast<std::uint64_t>(written.st_size));
 }
 
 std::string Store::describe(const boost::system::error_code& ec) const {

@@ -322,7 +322,11 @@ class Store {
   // written beside `target` under a temporary name, synced, and then moved in without replacing
   // anything: `target` is the whole copy or absent, and a file already there is kept. The bytes
   // written, or why nothing was (a sentence). Blocks for as long as the copy takes.
-  boost::system::result<std::uint64_t, std::string> backup(
+  struct BackupError {
+    bool exists = false;  // something is at the path already
+    std::string message;
+  };
+  boost::system::result<std::uint64_t, BackupError> backup(
       const std::filesystem::path& target) const;
 
   // ec's message with this store's details: the map size for mapFull, the path for disk errors.

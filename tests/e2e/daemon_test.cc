@@ -800,6 +800,10 @@ TEST_CASE("store.backup writes a copy of the running daemon's state that a daemo
   auto nowhere = client.call("store.backup",
                              json::object{{"path", (daemon->dir() / "none" / "b.mdb").string()}});
   CHECK(nowhere.at("error").at("code") == -32015);
+  // A name too long is not "already there".
+  auto tooLong = client.call(
+      "store.backup", json::object{{"path", (daemon->dir() / std::string(300, 'n')).string()}});
+  CHECK(tooLong.at("error").at("code") == -32015);
   CHECK_THAT(std::string(nowhere.at("error").at("data").at("detail").as_string()),
              Catch::Contains("no backup was written"));
   std::size_t partials = 0;

@@ -702,7 +702,7 @@ TEST_CASE("secrets: a redirect carries no secret to another origin, nor back to 
   // capitals, percent-encoded, in the path; toward the other origin or back to itself. Such a
   // redirect is not followed: the value goes nowhere, and no prompt, audit entry or error of a
   // next request holds it.
-  for (const char* form : {"", "upper", "encoded", "path"}) {
+  for (const char* form : {"", "upper", "encoded", "double", "path"}) {
     for (HttpsTestServer* target : {&s.other, &s.granted}) {
       INFO(form << " to " << target->origin());
       auto refused =

@@ -290,21 +290,24 @@ asio::awaitable<After> HttpsTestServer::Impl::respond(Stream& stream, Request& r
   if (path == "/redirect-auth") {
     // A 302 to `to` (percent-decoded) with the last word of the Authorization header as its
     // token query parameter: a server that sends a credential on. `form`: "upper" writes the
-    // word in capitals, "encoded" percent-encodes each of its bytes, "path" puts it in the path.
+    // word in capitals, "encoded" percent-encodes each of its bytes ("double": twice, as a URL in
+    // a query parameter), "path" puts it in the path.
     const std::string authorization(request[http::field::authorization]);
     std::string token = authorization.substr(authorization.rfind(' ') + 1);
     const std::string form(queryParameter(query, "form").value_or(""));
     if (form == "upper") {
       for (char& c : token) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-    } else if (form == "encoded") {
+    } else if (form == "encoded" || form == "double") {
       static constexpr char kHex[] = "0123456789abcdef";
-      std::string encoded;
-      for (const char c : token) {
-        encoded += '%';
-        encoded += kHex[static_cast<unsigned char>(c) >> 4];
-        encoded += kHex[static_cast<unsigned char>(c) & 0xF];
+      for (int round = form == "double" ? 2 : 1; round > 0; --round) {
+        std::string encoded;
+        for (const char c : token) {
+          encoded += '%';
+          encoded += kHex[static_cast<unsigned char>(c) >> 4];
+          encoded += kHex[static_cast<unsigned char>(c) & 0xF];
+        }
+        token = encoded;
       }
-      token = encoded;
     }
     std::string location = percentDecoded(queryParameter(query, "to").value_or(""));
     location += form == "path" ? "/" + token : "?token=" + token;

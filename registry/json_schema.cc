@@ -510,16 +510,49 @@ std::shared_ptr<const valijson::Schema> parseSchema(const boost::json::value& do
 }
 
 // Values in an instance (as countValues), and whether one is an integer above 2^63.
-std::size_t countInstance(const boost::json::value& node, bool& wide) {
+std::size_t countInstance(const boost::json::value& node, bool& wide, bool& nul) {
   std::size_t count = 1;
   if (const auto* object = node.if_object()) {
-    for (const auto& member : *object) count += countInstance(member.value(), wide);
+    for (const auto& member : *object) {
+      if (member.key().find('\0') != std::string_view::npos) nul = true;
+      count += countInstance(member.value(), wide, nul);
+    }
   } else if (const auto* array = node.if_array()) {
-    for (const auto& item : *array) count += countInstance(item, wide);
+    for (const auto& item : *array) count += countInstance(item, wide, nul);
   } else if (node.is_uint64()) {
     wide = true;
+  } else if (const auto* text = node.if_string()) {
+    if (text->find('\0') != boost::json::string::npos) nul = true;
   }
   return count;
+}
+
+// The place of the first string or property name holding U+0000 in `node`, and whether it is a
+// name. valijson reads strings only up to such a character (it compares, measures and matches
+// them through c_str()): "abc\u0000zzz" would pass an enum of "abc".
+std::optional<std::pair<std::string, bool>> firstNul(const boost::json::value& node,
+                                                     std::string& pointer) {
+  if (const auto* object = node.if_object()) {
+    for (const auto& member : *object) {
+      if (member.key().find('\0') != std::string_view::npos) {
+        return std::pair{pointer, true};
+      }
+      const std::size_t size = pointer.size();
+      protocol::appendPointerToken(pointer, member.key());
+      if (auto found = firstNul(member.value(), pointer)) return found;
+      pointer.resize(size);
+    }
+  } else if (const auto* array = node.if_array()) {
+    for (std::size_t i = 0; i < array->size(); ++i) {
+      const std::size_t size = pointer.size();
+      pointer += '/' + std::to_string(i);
+      if (auto found = firstNul((*array)[i], pointer)) return found;
+      pointer.resize(size);
+    }
+  } else if (const auto* text = node.if_string()) {
+    if (text->find('\0') != boost::json::string::npos) return std::pair{pointer, false};
+  }
+  return std::nullopt;
 }
 
 boost::json::value withWideIntegersAsDoubles(const boost::json::value& node) {
@@ -868,6 +901,15 @@ boost::system::result<JsonSchema, SchemaError> JsonSchema::compile(const boost::
                        " levels of JSON deep; a schema may nest at most " +
                        std::to_string(kMaxSchemaDepth)};
   }
+  {
+    std::string pointer;
+    if (auto found = firstNul(schema, pointer)) {
+      return SchemaError{
+          "the schema " + std::string(found->second ? "has a property name" : "has a string") +
+          " holding the character U+0000 (NUL)" +
+          (pointer.empty() ? std::string() : " at " + pointer) + "; a schema may not hold one"};
+    }
+  }
   JsonSchema compiled;
   if (auto refused = checkReferences(schema, compiled.expandedValues_)) {
     return SchemaError{*refused};
@@ -927,12 +969,23 @@ std::optional<SchemaViolation> JsonSchema::patternsTooCostly() {
 std::optional<SchemaViolation> JsonSchema::validate(const boost::json::value& given,
                                                     std::size_t maxPairs) const {
   bool wide = false;
-  const std::size_t values = countInstance(given, wide);
+  bool nul = false;
+  const std::size_t values = countInstance(given, wide, nul);
   if (values > maxPairs / std::max<std::size_t>(expandedValues_, 1)) {
     return SchemaViolation{"", "too large to check: " + std::to_string(values) +
                                    " values against a schema of " +
                                    std::to_string(expandedValues_) + " values (at most " +
                                    std::to_string(maxPairs) + " pairs of them are checked)"};
+  }
+  if (nul) {
+    std::string pointer;
+    if (auto found = firstNul(given, pointer)) {
+      return SchemaViolation{found->first,
+                             std::string(found->second ? "has a property name" : "is a string") +
+                                 " holding the character U+0000 (NUL), which "
+                                 "strings checked against a schema may not hold "
+                                 "(send such data encoded, as base64)"};
+    }
   }
   // valijson skips the numeric keywords for an integer above 2^63 (stored as unsigned): check
   // a copy where such integers are doubles, as JavaScript reads them anyway.

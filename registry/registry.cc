@@ -277,6 +277,10 @@ void Registry::bindingsWritten() {
 }
 
 Result<ToolRevisionPtr> Registry::getActive(const std::string& name) {
+  // A name no tool can have is looked up nowhere (the store refuses an empty key, and says so).
+  if (!isValidToolName(name)) {
+    return RegistryError{RegistryErrc::notFound, "no active tool named " + name.substr(0, 80)};
+  }
   auto binding = tryBinding(name);
   if (!binding) {
     std::string detail = "no active tool named " + name.substr(0, 80);

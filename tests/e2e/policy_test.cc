@@ -366,6 +366,14 @@ TEST_CASE("policy.set, list, revoke, reset and audit.tail", "[e2e][policy]") {
   CHECK(checkSilently(admin, approver, key(rev, "https://c.example")).at("source") ==
         "not-requested");
 
+  // A value that holds U+0000 after an allowed one is not that value: refused, nothing stored.
+  for (const char* field : {"access", "verdict", "scope", "action"}) {
+    INFO(field);
+    auto padded = setParams;
+    padded[field] = std::string(padded.at(field).as_string()) + std::string(1, '\0') + "x";
+    CHECK(errorCode(admin.call("policy.set", padded)) == -32602);
+  }
+
   auto all = resultOf(admin.call("policy.list")).at("decisions").as_array();
   CHECK(all.size() == 3);
   auto mine = resultOf(admin.call("policy.list", json::object{{"toolRevision", rev}}));

@@ -344,12 +344,13 @@ TEST_CASE("capabilities: policy-gated ones refuse, subtasks go through the core"
       "  const target = await ctx.resolveInvocation('echo');\n"
       "  const missing = await ctx.resolveInvocation('no-such-tool').then(() => 'found', (e) => "
       "e.code);\n"
+      "  const empty = await ctx.resolveInvocation('').then(() => 'found', (e) => e.code);\n"
       "  const tasks = await ctx.createSubtasksResult([\n"
       "    { kind: 'message', role: 'assistant', content: 'hello' },\n"
       "    { kind: 'functioncall', role: 'assistant', call: { name: 'echo', arguments: { a: 1 } } "
       "}]);\n"
-      "  return { target, missing, ids: tasks.map((t) => t.id), pinned: tasks[1].call.toolRevision "
-      "};\n"
+      "  return { target, missing, empty, ids: tasks.map((t) => t.id), "
+      "pinned: tasks[1].call.toolRevision };\n"
       "}");
   planner["capabilities"] = json::object{{"subtasks", true}};
   deploy(client, planner);
@@ -358,6 +359,9 @@ TEST_CASE("capabilities: policy-gated ones refuse, subtasks go through the core"
   CHECK(planned.at("target").at("toolRevision") == echoRevision);
   CHECK(planned.at("pinned") == echoRevision);
   CHECK(planned.at("missing") == "not-found");
+  // A name no tool can have is not looked up (the store would log an error for an empty key).
+  CHECK(planned.at("empty") == "not-found");
+  CHECK(daemon->log().find("key of 0 bytes") == std::string::npos);
   CHECK(planned.at("ids").as_array().size() == 2);
   // Without the capability in the manifest, the same code is refused.
   auto unplanned = planner;

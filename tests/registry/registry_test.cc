@@ -893,6 +893,42 @@ TEST_CASE("sizes and required properties are named in our words", "[registry]") 
         "must have at most 1 property (it has 2)");
 }
 
+TEST_CASE("a string holding U+0000 is refused, never read up to it", "[registry]") {
+  // valijson reads strings through c_str(): "abc\0zzz" would pass an enum of "abc", a pattern,
+  // a maxLength.
+  auto schema = compileToolSchema(json::parse(R"({
+    "type": "object",
+    "properties": {
+      "mode": {"enum": ["abc"]},
+      "word": {"type": "string", "pattern": "^[a-z]+$", "maxLength": 3},
+      "list": {"type": "array", "items": {"type": "object"}}
+    }
+  })"),
+                                  "parameters");
+  REQUIRE(schema.has_value());
+  const std::string nul(1, '\0');
+  auto violation = schema->validate(json::object{{"mode", "abc" + nul + "zzz"}});
+  REQUIRE(violation);
+  CHECK(violation->path == "/mode");
+  CHECK_THAT(violation->reason, Catch::Contains("U+0000"));
+  violation = schema->validate(json::object{{"word", "ab" + nul + "DEF!"}});
+  REQUIRE(violation);
+  CHECK(violation->path == "/word");
+  json::object named;
+  named["k" + nul] = 1;
+  violation = schema->validate(json::object{{"list", json::array{json::object{}, named}}});
+  REQUIRE(violation);
+  CHECK(violation->path == "/list/1");
+  CHECK_THAT(violation->reason, Catch::Contains("property name"));
+  CHECK_FALSE(schema->validate(json::object{{"mode", "abc"}, {"word", "ab"}}));
+
+  // Nor may a schema hold one: its enum would be cut short.
+  auto refused =
+      JsonSchema::compile(json::object{{"enum", json::array{json::value("abc" + nul + "x")}}});
+  REQUIRE_FALSE(refused.has_value());
+  CHECK_THAT(refused.error().detail, Catch::Contains("U+0000") && Catch::Contains("/enum/0"));
+}
+
 TEST_CASE("multipleOf must be a number above zero and is exact for fractions", "[registry]") {
   // valijson divides integers by an integer divisor: 0 (or "0", read as a number) and -1 with
   // the smallest integer stopped the process with SIGFPE at the first validation.

@@ -72,7 +72,8 @@ boost::system::result<policy::DecisionKey, KeyError> keyFrom(
   key.toolRevision = str(params, "toolRevision");
   key.action = str(params, "action");
   key.target = str(params, "target");
-  key.access = *policy::parseAccessClass(params.at("access").as_string());
+  // The params schema's enum admits only these words; value() (not *) should it ever not.
+  key.access = policy::parseAccessClass(params.at("access").as_string()).value();
   if (!protocol::isContentHash(key.toolRevision)) {
     return KeyError{
         "params.toolRevision: not a tool revision (sha256: and 43 base64url characters)"};
@@ -181,8 +182,8 @@ void registerPolicyMethods(MethodTable& methods, PolicyServices services) {
       schema(R"({"type":"object","required":["promptId","verdict","scope","requests"]})"),
       [&approvals, &disk](CallContext& context,
                           json::object params) -> asio::awaitable<MethodResult> {
-        auto verdict = *policy::parseVerdict(params.at("verdict").as_string());
-        auto scope = *policy::parseScope(params.at("scope").as_string());
+        auto verdict = policy::parseVerdict(params.at("verdict").as_string()).value();
+        auto scope = policy::parseScope(params.at("scope").as_string()).value();
         // A session or always answer is stored first: on the disk thread.
         const auto approver = context.connectionId;
         auto decided = co_await disk.run([&] {
@@ -254,8 +255,8 @@ void registerPolicyMethods(MethodTable& methods, PolicyServices services) {
         if (!key) co_return invalidParams(key.error().detail);
         auto tool = registry.getRevision(key->toolRevision);
         if (!tool) co_return toRpcError(tool.error());
-        auto verdict = *policy::parseVerdict(params.at("verdict").as_string());
-        auto scope = *policy::parseScope(params.at("scope").as_string());
+        auto verdict = policy::parseVerdict(params.at("verdict").as_string()).value();
+        auto scope = policy::parseScope(params.at("scope").as_string()).value();
         const std::string by = who(context, "admin");
         auto stored = co_await disk.run([&] { return decisions.set(*key, verdict, scope, by); });
         if (!stored) co_return storageFailure(decisions, stored.error());

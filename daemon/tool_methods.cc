@@ -13,7 +13,6 @@
 #include <algorithm>
 #include <chrono>
 #include <ctime>
-#include <filesystem>
 
 namespace toolhost::daemon {
 namespace asio = boost::asio;
